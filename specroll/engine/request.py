@@ -1,0 +1,67 @@
+"""What goes into the engine and what comes out of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings, validated on construction."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 = greedy."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 = off."""
+    top_p: float = 1.0
+    """Keep the smallest set of tokens with this much mass; 1 = off. In (0, 1]."""
+    max_new_tokens: int = 128
+    """Generation budget in tokens (>= 1)."""
+    stop_token_ids: tuple[int, ...] | None = None
+    """Ids that end the request (included in the output); None = the model's EOS ids."""
+    seed: int | None = None
+    """Per-request seed; None = drawn from the engine's seed in submission order."""
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.stop_token_ids is not None:
+            self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+
+
+@dataclass
+class Request:
+    """A prompt (token ids) and how to continue it."""
+
+    prompt_ids: list[int]
+    """Prompt token ids (chat template already applied)."""
+    params: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling settings."""
+    request_id: str | int | None = None
+    """Caller's id, echoed in the result; None = position in the submitted list."""
+
+
+@dataclass
+class Result:
+    """A finished request."""
+
+    request_id: str | int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    """Generated ids, including the stop token when finish_reason is 'stop'."""
+    logprobs: list[float]
+    """log_softmax(logits / T) of each generated token under the policy (T = 1 if greedy)."""
+    finish_reason: str
+    """'stop' (a stop token), 'length' (max_new_tokens) or 'context' (context window full)."""
+    seed: int
+    """The seed the request ran with (reproduces it exactly)."""
+    first_token_s: float
+    """Seconds from the start of generate() to this request's first token."""
+    latency_s: float
+    """Seconds from the start of generate() to this request's last token."""

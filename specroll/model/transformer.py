@@ -1,0 +1,263 @@
+"""The Llama-family decoder shared by the rollout engine and the learner.
+
+One module, two call patterns, one set of numerics:
+
+* learner: `model(tokens)` — full-sequence causal forward with autograd;
+* engine:  `model(tokens, positions, cache)` — incremental forward where row b of the batch
+  lives in cache slot b, starts at its own position `positions[b]` and appends `T` tokens
+  (rows advance by different amounts; padded tail tokens are written but never attended).
+
+Both paths run the same attention function with an explicit boolean mask, so the engine's
+log-probs equal the learner's recomputation to float rounding (checked by a test).
+
+Weights are stored input-major (`[in, out]`, used as `x @ w`): on CPU, BLAS reads that
+layout faster for the few-row products of decoding and verification (see
+`specroll bench engine`, field `verify_cost`). GQA is computed by folding the query heads
+that share a KV head into the query-length axis, so keys and values are never copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specroll.model.config import ModelConfig, rope_inv_freq
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor | None
+    """[B, n, V] fp32 logits at the requested positions (n = T unless `logits_index` is set)."""
+    hidden: dict[int, torch.Tensor]
+    """Residual stream after i layers ([B, T, H]) for each requested i (0 = embeddings,
+    num_layers = last layer before the final norm)."""
+
+
+class KVCache:
+    """Fixed-size key/value cache: `num_slots` rows of `max_len` positions per layer.
+
+    Row b of an engine batch always uses slot b; the engine keeps its active rows in the
+    first slots (`move` compacts them when a row finishes).
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_slots: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (cfg.num_layers, num_slots, cfg.num_kv_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, max_len, hd]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_slots, self.max_len = num_slots, max_len
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` positions of slot `src` into slot `dst`."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for every position up to the context window (fp32, like HF)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        inv_freq, scale = rope_inv_freq(cfg)
+        pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(pos, inv_freq)  # [P, hd/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)
+        self.register_buffer("sin", emb.sin() * scale, persistent=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, heads, hd]; pos: [B, T] absolute positions."""
+        cos = self.cos[pos].unsqueeze(2)  # [B, T, 1, hd]
+        sin = self.sin[pos].unsqueeze(2)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Grouped-query attention without copying K/V.
+
+    q: [B, T, Hq, hd]; k, v: [B, Hkv, Lk, hd] (may be strided views of the cache);
+    mask: [B, T, Lk] bool (True = attend). Returns [B, T, Hq * hd].
+    """
+    B, T, Hq, hd = q.shape
+    Hkv = k.shape[1]
+    g = Hq // Hkv
+    # query head h = kv * g + j attends KV head kv; fold j into the query axis
+    qf = q.view(B, T, Hkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * T, hd)
+    m = mask.unsqueeze(1)  # [B, 1, T, Lk]
+    if g > 1:
+        m = m.repeat(1, 1, g, 1)  # [B, 1, g*T, Lk]
+    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=m, scale=scale)
+    return out.view(B, Hkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(B, T, Hq * hd)
+
+
+class Block(nn.Module):
+    """Pre-norm decoder layer: RMSNorm → GQA attention → RMSNorm → SwiGLU MLP."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        H, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        self.cfg = cfg
+        self.attn_norm = nn.Parameter(torch.ones(H))
+        self.wqkv = nn.Parameter(torch.empty(H, q + 2 * kv))  # [H, q + 2kv]
+        self.bqkv = nn.Parameter(torch.zeros(q + 2 * kv)) if cfg.attention_bias else None
+        self.q_norm = nn.Parameter(torch.ones(cfg.head_dim)) if cfg.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(cfg.head_dim)) if cfg.qk_norm else None
+        self.wo = nn.Parameter(torch.empty(q, H))  # [q, H]
+        self.mlp_norm = nn.Parameter(torch.ones(H))
+        self.w_gate_up = nn.Parameter(torch.empty(H, 2 * inter))  # [H, 2I]
+        self.w_down = nn.Parameter(torch.empty(inter, H))  # [I, H]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        rotary: Rotary,
+        layer_cache: tuple[torch.Tensor, torch.Tensor] | None,
+        cache_len: int,
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, _ = x.shape
+        eps = cfg.rms_norm_eps
+        h = F.rms_norm(x, (x.shape[-1],), self.attn_norm, eps)
+        qkv = h @ self.wqkv  # [B, T, q + 2kv]
+        if self.bqkv is not None:
+            qkv = qkv + self.bqkv
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(B, T, cfg.num_heads, cfg.head_dim)
+        k = k.view(B, T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(B, T, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q = F.rms_norm(q, (cfg.head_dim,), self.q_norm, eps)
+            k = F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)
+        q, k = rotary(q, pos), rotary(k, pos)
+        if layer_cache is None:
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, hd]
+        else:
+            ck, cv = layer_cache  # [B, Hkv, max_len, hd] views of this batch's slots
+            rows = torch.arange(B, device=x.device).unsqueeze(1).expand(B, T)
+            ck[rows, :, pos] = k  # each row writes its T tokens at its own positions
+            cv[rows, :, pos] = v
+            keys, values = ck[:, :, :cache_len], cv[:, :, :cache_len]
+        o = attention(q, keys, values, mask, cfg.head_dim**-0.5)
+        x = x + o @ self.wo
+        h = F.rms_norm(x, (x.shape[-1],), self.mlp_norm, eps)
+        gate, up = (h @ self.w_gate_up).chunk(2, dim=-1)
+        return x + (F.silu(gate) * up) @ self.w_down
+
+
+class Transformer(nn.Module):
+    """Llama / Qwen2 / Qwen3 / SmolLM2 decoder-only language model."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        # token embedding stored [H, V]: the tied LM head is then a plain `x @ embed`
+        self.embed = nn.Parameter(torch.empty(cfg.hidden_size, cfg.vocab_size))
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else nn.Parameter(torch.empty(cfg.hidden_size, cfg.vocab_size))
+        )
+        self.rotary = Rotary(cfg)
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> Transformer:
+        """Random normal init (tiny test models); norms start at one, biases at zero."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            with torch.no_grad():
+                if "norm" in name:
+                    p.fill_(1.0)
+                elif name.endswith("bqkv"):
+                    p.normal_(0.0, std, generator=g)
+                else:
+                    p.normal_(0.0, std, generator=g)
+        return self
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.embed if self.lm_head is None else self.lm_head  # [H, V]
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[B, T] ids → [B, T, H] embeddings."""
+        B, T = tokens.shape
+        return self.embed.index_select(1, tokens.reshape(-1)).T.reshape(B, T, -1)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        logits_index: torch.Tensor | None = None,
+        hidden_layers: Sequence[int] = (),
+        return_logits: bool = True,
+        slot_start: int = 0,
+    ) -> ModelOutput:
+        """Run the decoder.
+
+        tokens: [B, T] ids. positions: [B] start position of each row (engine mode, with
+        `cache`); None means every row starts at 0. logits_index: [B, n] indices into T of
+        the positions that need logits (the LM head is the costliest matmul at prefill).
+        hidden_layers: which residual-stream states to return (see ModelOutput.hidden).
+        slot_start: row b uses cache slot slot_start + b (lets the engine prefill new rows
+        behind the ones already decoding).
+        """
+        cfg = self.cfg
+        B, T = tokens.shape
+        dev = tokens.device
+        start = torch.zeros(B, dtype=torch.long, device=dev) if positions is None else positions
+        pos = start.unsqueeze(1) + torch.arange(T, device=dev)  # [B, T]
+        if cache is None:
+            cache_len = T
+            kpos = torch.arange(T, device=dev)
+        else:
+            cache_len = int(start.max()) + T
+            if cache_len > cache.max_len or slot_start + B > cache.num_slots:
+                raise ValueError(
+                    f"batch needs slots up to {slot_start + B} x {cache_len} positions; the cache has "
+                    f"{cache.num_slots} x {cache.max_len}"
+                )
+            kpos = torch.arange(cache_len, device=dev)
+        if int(pos.max()) >= cfg.max_position_embeddings:
+            raise ValueError(
+                f"position {int(pos.max())} exceeds the context window "
+                f"max_position_embeddings={cfg.max_position_embeddings}"
+            )
+        mask = kpos.view(1, 1, -1) <= pos.unsqueeze(-1)  # [B, T, Lk]
+
+        x = self.embed_tokens(tokens)
+        hidden: dict[int, torch.Tensor] = {}
+        wanted = set(hidden_layers)
+        if 0 in wanted:
+            hidden[0] = x
+        for i, layer in enumerate(self.layers):
+            rows = slice(slot_start, slot_start + B)
+            lc = None if cache is None else (cache.k[i, rows], cache.v[i, rows])
+            x = layer(x, pos, mask, self.rotary, lc, cache_len)
+            if i + 1 in wanted:
+                hidden[i + 1] = x
+        if not return_logits:
+            return ModelOutput(None, hidden)
+        if logits_index is not None:
+            x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        x = F.rms_norm(x, (x.shape[-1],), self.norm, cfg.rms_norm_eps)
+        return ModelOutput(x @ self.head_weight, hidden)

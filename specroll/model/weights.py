@@ -1,0 +1,137 @@
+"""Load and save specroll models as Hugging Face directories (config.json + safetensors).
+
+Weights are data, never code: only safetensors are read (no pickle, no remote code).
+HF stores projections `[out, in]` and q/k/v, gate/up separately; specroll fuses them and
+stores `[in, out]` (see transformer.py), so loading concatenates and transposes, and saving
+splits them back into a directory transformers loads as-is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from specroll.model.config import ModelConfig
+from specroll.model.transformer import Transformer
+
+
+def _hf_names(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
+    """specroll parameter of layer i → the HF tensors it is made of (in order)."""
+    p = f"model.layers.{i}."
+    a = p + "self_attn."
+    names = {
+        "attn_norm": [p + "input_layernorm.weight"],
+        "wqkv": [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
+        "wo": [a + "o_proj.weight"],
+        "mlp_norm": [p + "post_attention_layernorm.weight"],
+        "w_gate_up": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+        "w_down": [p + "mlp.down_proj.weight"],
+    }
+    if cfg.attention_bias:
+        names["bqkv"] = [a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]
+    if cfg.qk_norm:
+        names["q_norm"] = [a + "q_norm.weight"]
+        names["k_norm"] = [a + "k_norm.weight"]
+    return names
+
+
+def _is_matrix(name: str) -> bool:
+    return name in ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+def read_config(model_dir: str | Path) -> ModelConfig:
+    """ModelConfig from `<dir>/config.json`, with a clear error when it is missing."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"model path {str(model_dir)!r} has no config.json (not a model dir)")
+    try:
+        return ModelConfig.from_hf(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError) as e:
+        raise ValueError(f"{path} is not a valid model config: {e}") from e
+
+
+def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model path {str(model_dir)!r} has no *.safetensors weight files")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(f))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"weight file {f} is corrupt or unreadable: {e}") from e
+    return tensors
+
+
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> Transformer:
+    """Load a transformers-format Llama/Qwen2/Qwen3 directory into a specroll Transformer."""
+    model_dir = Path(model_dir)
+    if not model_dir.exists():
+        raise ValueError(f"model path {str(model_dir)!r} does not exist")
+    cfg = read_config(model_dir)
+    hf = _read_tensors(model_dir)
+
+    def take(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise ValueError(f"weights in {model_dir} lack tensor {name!r}")
+        return hf.pop(name).to(torch.float32)
+
+    model = Transformer(cfg)  # parameters are torch.empty: no init cost
+    state = {"embed": take("model.embed_tokens.weight").T, "norm": take("model.norm.weight")}
+    if not cfg.tie_word_embeddings:
+        state["lm_head"] = take("lm_head.weight").T
+    hf.pop("lm_head.weight", None)  # tied checkpoints sometimes carry a copy
+    for i in range(cfg.num_layers):
+        for ours, theirs in _hf_names(cfg, i).items():
+            parts = [take(n) for n in theirs]
+            t = torch.cat(parts, dim=0)
+            state[f"layers.{i}.{ours}"] = t.T if _is_matrix(ours) else t
+    hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
+    if hf:
+        raise ValueError(f"unexpected tensors in {model_dir}: {sorted(hf)[:5]}")
+    expected = dict(model.named_parameters())
+    for name, t in state.items():
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise ValueError(
+                f"tensor {name!r} has shape {tuple(t.shape)}, config implies "
+                f"{tuple(expected[name].shape)}"
+            )
+    model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=False)
+    return model.to(device=device, dtype=dtype)
+
+
+def hf_state_dict(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor [out, in]) pairs for every weight of `model`."""
+    cfg = model.cfg
+    yield "model.embed_tokens.weight", model.embed.T
+    yield "model.norm.weight", model.norm
+    if model.lm_head is not None:
+        yield "lm_head.weight", model.lm_head.T
+    for i, layer in enumerate(model.layers):
+        for ours, theirs in _hf_names(cfg, i).items():
+            t = getattr(layer, ours)
+            t = t.T if _is_matrix(ours) else t
+            if ours in ("wqkv", "bqkv"):
+                sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
+            elif ours == "w_gate_up":
+                sizes = [cfg.intermediate_size] * 2
+            else:
+                sizes = [t.shape[0]]
+            yield from zip(theirs, t.split(sizes, dim=0), strict=True)
+
+
+def save_model(model: Transformer, out_dir: str | Path) -> Path:
+    """Write config.json + model.safetensors in the layout transformers loads."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in hf_state_dict(model)}
+    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2))
+    return out_dir

@@ -1,0 +1,1 @@
+"""Speculative-decoding algorithms as pure tensor functions (no model, no engine)."""

@@ -1,0 +1,102 @@
+"""Sampling processors and samplers as pure tensor functions.
+
+Every token specroll emits is drawn here (plain decoding now; draft, bonus and recovered
+tokens of speculative decoding later), so target and draft always see the same
+processing: temperature, then top-k, then top-p (the order transformers and vLLM use).
+
+Conventions:
+* temperature 0 means greedy (argmax); its reported log-prob is under T = 1;
+* probabilities are fp32, the CDF used to invert a uniform is float64, so the sampled
+  distribution equals the processed `p` up to fp32 rounding of `p` itself;
+* the log-prob reported for a token is `log_softmax(logits / T)` — tempered, not
+  truncated by top-k/top-p — which is what the learner recomputes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def processed_logits(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Apply temperature, top-k and top-p per row; excluded tokens get -inf.
+
+    logits: [B, V] (or [B, n, V], parameters broadcast over n); temperature: [B] (rows
+    with 0 are treated as T = 1 here, callers take the argmax); top_k: [B] int (0 = off);
+    top_p: [B] in (0, 1] (1 = off). Returns fp32 logits of the same shape.
+    """
+    x = logits.float()
+    extra = x.dim() - 2
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    x = x / t.view(-1, *[1] * (extra + 1))
+    V = x.shape[-1]
+    need_k = bool((top_k > 0).any()) and bool((top_k < V).any())
+    need_p = bool((top_p < 1).any())
+    if not (need_k or need_p):
+        return x
+    sorted_x, order = x.sort(dim=-1, descending=True)  # [..., V]
+    keep = torch.ones_like(sorted_x, dtype=torch.bool)
+    if need_k:
+        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V)).view(-1, *[1] * (extra + 1))
+        keep &= torch.arange(V, device=x.device) < k
+    if need_p:
+        probs = sorted_x.masked_fill(~keep, NEG_INF).softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
+        keep &= before < top_p.float().view(-1, *[1] * (extra + 1))
+    keep[..., 0] = True  # the most likely token always survives
+    mask = torch.zeros_like(keep).scatter(-1, order, keep)
+    return x.masked_fill(~mask, NEG_INF)
+
+
+def probs_from_logits(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Processed fp32 distribution ([..., V]) the sampler draws from."""
+    return processed_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+
+
+def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Invert float64 uniforms `u` ([B]) through the CDF of `probs` ([B, V]) → ids [B].
+
+    The CDF is accumulated in float64 and scaled by its own total, so rounding of the
+    fp32 probabilities never pushes a draw past the last token or onto a zero-mass one.
+    """
+    cdf = probs.double().cumsum(dim=-1)  # [B, V]
+    target = (u * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    u: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and return (ids [B], log-probs [B]).
+
+    logits: [B, V]; u: [B] float64 uniforms. Greedy rows (temperature 0) take the argmax.
+    """
+    probs = probs_from_logits(logits, temperature, top_k, top_p)
+    ids = sample_from_probs(probs, u)
+    greedy = temperature <= 0
+    if bool(greedy.any()):
+        ids = torch.where(greedy, logits.argmax(dim=-1), ids)
+    return ids, token_logprobs(logits, temperature, ids)
+
+
+def token_logprobs(
+    logits: torch.Tensor, temperature: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """log_softmax(logits / T)[ids] in fp32 (T = 1 for greedy rows).
+
+    logits: [B, V] or [B, n, V]; ids: [B] or [B, n].
+    """
+    x = logits.float()
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    x = x / t.view(-1, *[1] * (x.dim() - 1))
+    return x.log_softmax(dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
