@@ -23,11 +23,12 @@ from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import KVCache, Transformer
 
 
-def _median_time(fn: Callable[[], object], repeats: int) -> float:
+def _median_time(repeats: int, fn: Callable[..., object], *args, **kwargs) -> float:
+    """Median wall time of fn(*args, **kwargs) over `repeats` calls."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
+        fn(*args, **kwargs)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -80,9 +81,8 @@ def verify_cost(
             times = {}
             for q in qs:
                 toks = torch.randint(0, model.cfg.vocab_size, (B, q), generator=g)
-                step = lambda: model(toks, positions=start, cache=cache)  # noqa: E731
-                step()  # warm-up
-                times[q] = _median_time(step, repeats)
+                model(toks, positions=start, cache=cache)  # warm-up
+                times[q] = _median_time(repeats, model, toks, positions=start, cache=cache)
         rows += [
             {"batch": B, "q": q, "ratio": round(times[q] / times[1], 3), "ms": times[q] * 1e3}
             for q in qs
@@ -115,11 +115,9 @@ def bench_engine(
         engine.generate(reqs[:1])  # warm-up (allocates the cache)
         ours, theirs = [], []
         for _ in range(repeats):  # interleave so drift in machine load hits both alike
-            ours.append(_median_time(lambda: engine.generate(reqs), 1))
+            ours.append(_median_time(1, engine.generate, reqs))
             if hf_model is not None:
-                theirs.append(
-                    _median_time(lambda: _hf_generate(hf_model, tok, prompts, new_tokens), 1)
-                )
+                theirs.append(_median_time(1, _hf_generate, hf_model, tok, prompts, new_tokens))
         row = {"batch": B, "specroll_tok_s": round(B * new_tokens / statistics.median(ours), 2)}
         if theirs:
             row["hf_tok_s"] = round(B * new_tokens / statistics.median(theirs), 2)
