@@ -1,0 +1,150 @@
+"""The rollout engine: what an RL learner relies on when it consumes rollouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+from specroll.model import load_model
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 30, (n,), generator=g)
+    return [torch.randint(0, 97, (int(k),), generator=g).tolist() for k in lengths]
+
+
+def _learner_logprobs(model, prompt, tokens, temperature):
+    seq = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(seq).logits[0, len(prompt) - 1 : -1]
+    t = temperature if temperature > 0 else 1.0
+    return (logits / t).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-qknorm"])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9), (0.0, 0, 1.0)])
+def test_engine_logprobs_equal_learner_recomputation(hf_dirs, variant, temperature, top_k, top_p):
+    model = load_model(hf_dirs[variant][1])
+    prompts = _prompts(6)
+    params = SamplingParams(temperature, top_k, top_p, max_new_tokens=40, stop_token_ids=())
+    results = Engine(model, EngineConfig(max_batch=4)).generate(
+        [Request(p, params) for p in prompts]
+    )
+    for p, r in zip(prompts, results, strict=True):
+        ref = _learner_logprobs(model, p, r.token_ids, temperature)
+        assert (ref - torch.tensor(r.logprobs)).abs().max() <= 1e-5
+
+
+def test_continuous_batching_is_invisible(tiny_model):
+    """Each request's output is the same alone or among 15 others of other lengths."""
+    prompts = _prompts(16, seed=3)
+    lengths = [5 + 7 * (i % 5) for i in range(16)]  # different budgets → slots free early
+    reqs = [
+        Request(
+            p, SamplingParams(temperature=1.0, max_new_tokens=n, seed=100 + i, stop_token_ids=())
+        )
+        for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
+    ]
+    alone = [Engine(tiny_model).generate([r])[0] for r in reqs]
+    for max_batch in (16, 5):  # all at once, and with slot reuse / compaction
+        batched = Engine(tiny_model, EngineConfig(max_batch=max_batch)).generate(reqs)
+        for a, b, n in zip(alone, batched, lengths, strict=True):
+            assert a.token_ids == b.token_ids
+            assert b.finish_reason == "length" and len(b.token_ids) == n
+            torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    # order of submission does not matter either
+    perm = list(reversed(reqs))
+    for a, b in zip(
+        reversed(alone), Engine(tiny_model, EngineConfig(max_batch=7)).generate(perm), strict=True
+    ):
+        assert a.token_ids == b.token_ids
+
+
+def test_seeded_determinism_and_greedy_ignores_seed(tiny_model):
+    p = _prompts(1)[0]
+    eng = Engine(tiny_model)
+
+    def run(temperature, seed):
+        params = SamplingParams(temperature, max_new_tokens=30, seed=seed, stop_token_ids=())
+        return eng.generate([Request(p, params)])[0].token_ids
+
+    assert run(1.0, 7) == run(1.0, 7)
+    assert run(1.0, 7) != run(1.0, 8)
+    assert run(0.0, 7) == run(0.0, 8)
+    # unseeded requests draw seeds from the engine seed, reproducibly
+    reqs = [Request(p, SamplingParams(max_new_tokens=10, stop_token_ids=()))] * 3
+    a = Engine(tiny_model, EngineConfig(seed=1)).generate(reqs)
+    b = Engine(tiny_model, EngineConfig(seed=1)).generate(reqs)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert len({r.seed for r in a}) == 3
+
+
+def test_stop_tokens_length_and_context_limits(tiny_model):
+    p = _prompts(1)[0]
+    eng = Engine(tiny_model)
+    free = eng.generate([Request(p, SamplingParams(0.0, max_new_tokens=50, stop_token_ids=()))])
+    toks = free[0].token_ids
+    assert free[0].finish_reason == "length" and len(toks) == 50
+    stop = toks[10]
+    first = toks.index(stop)
+    r = eng.generate([Request(p, SamplingParams(0.0, max_new_tokens=50, stop_token_ids=(stop,)))])
+    assert r[0].finish_reason == "stop"
+    assert r[0].token_ids == toks[: first + 1]  # the stop token is part of the sample
+    # context window of 256: a 250-token prompt can produce 6 tokens at most
+    long = (p * 256)[:250]
+    r = eng.generate([Request(long, SamplingParams(1.0, max_new_tokens=50, stop_token_ids=()))])
+    assert r[0].finish_reason == "context" and len(r[0].token_ids) == 6
+    # max_new_tokens=1 finishes at prefill
+    r = eng.generate([Request(p, SamplingParams(1.0, max_new_tokens=1))])
+    assert len(r[0].token_ids) == 1 and r[0].finish_reason in ("length", "stop")
+
+
+def test_results_carry_timing_and_ids(tiny_model):
+    reqs = [
+        Request(q, SamplingParams(max_new_tokens=5), request_id=f"r{i}")
+        for i, q in enumerate(_prompts(3))
+    ]
+    res = Engine(tiny_model).generate(reqs)
+    assert [r.request_id for r in res] == ["r0", "r1", "r2"]
+    for r in res:
+        assert 0 < r.first_token_s <= r.latency_s
+        assert len(r.logprobs) == len(r.token_ids) and all(lp <= 0 for lp in r.logprobs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+    ],
+)
+def test_bad_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_bad_requests_and_models_fail_clearly(tiny_model, tmp_path, hf_dirs):
+    eng = Engine(tiny_model)
+    assert eng.generate([]) == []
+    with pytest.raises(ValueError, match="context window"):
+        eng.generate([Request([1] * 256)])
+    with pytest.raises(ValueError, match="empty"):
+        eng.generate([Request([])])
+    with pytest.raises(ValueError, match=r"\[0, 97\)"):
+        eng.generate([Request([5, 97])])
+    with pytest.raises(ValueError, match="does not exist"):
+        load_model(tmp_path / "nope")
+    import shutil
+
+    bad = tmp_path / "corrupt"
+    shutil.copytree(hf_dirs["llama-tied"][1], bad)
+    (bad / "model.safetensors").write_bytes(b"\x00garbage" * 100)
+    with pytest.raises(ValueError, match="corrupt"):
+        load_model(bad)
+    with pytest.raises(ValueError):
+        EngineConfig(max_batch=0)
