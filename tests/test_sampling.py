@@ -1,0 +1,108 @@
+"""Samplers and uniforms: exact distributions, checked by tests that can fail."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specroll.spec import rng
+from specroll.spec.sampling import probs_from_logits, sample, sample_from_probs
+
+
+def _chi2_sf(x: float, dof: int) -> float:
+    """Survival function of chi-square (Wilson–Hilferty; accurate for dof >= 3)."""
+    z = ((x / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _gof_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value of counts against probs (bins with mass only)."""
+    n = counts.sum().item()
+    support = probs > 0
+    assert counts[~support].sum() == 0, "sampled a token with zero probability"
+    exp = probs[support].double() * n
+    stat = ((counts[support].double() - exp) ** 2 / exp).sum().item()
+    return _chi2_sf(stat, int(support.sum()) - 1)
+
+
+def test_uniforms_are_uniform_and_independent_of_batch():
+    seeds = torch.arange(200)
+    counters = torch.arange(500).expand(200, 500)
+    u = rng.uniforms(seeds, counters).flatten()  # [100000]
+    assert u.dtype == torch.float64 and u.min() >= 0 and u.max() < 1
+    counts = torch.histc(u.float(), bins=50, min=0, max=1)
+    assert _gof_pvalue(counts, torch.full((50,), 1 / 50)) > 1e-4
+    # pairs (u_t, u_t+1) of one stream are independent: 2-D histogram
+    pairs = (u.view(200, 500)[:, :-1] * 10).long() * 10 + (u.view(200, 500)[:, 1:] * 10).long()
+    counts = torch.bincount(pairs.flatten(), minlength=100).float()
+    assert _gof_pvalue(counts, torch.full((100,), 0.01)) > 1e-4
+    # a row's value depends only on its own (seed, counter), and streams differ
+    one = rng.uniforms(seeds[7:8], counters[7:8, :5])
+    assert torch.equal(one[0], rng.uniforms(seeds, counters)[7, :5])
+    assert not torch.equal(one, rng.uniforms(seeds[7:8], counters[7:8, :5], rng.ACCEPT))
+
+
+def test_sampler_matches_processed_distribution():
+    """200k draws per setting; a 1% TV error in the sampler fails this with near certainty."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 12, generator=g) * 2
+    n = 200_000
+    for t, k, p in [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.5, 0, 0.8), (1.0, 6, 0.9)]:
+        probs = probs_from_logits(logits, torch.tensor([t]), torch.tensor([k]), torch.tensor([p]))
+        u = rng.uniforms(torch.tensor([int(t * 10 + k)]), torch.arange(n).unsqueeze(0))[0]
+        ids = sample_from_probs(probs.expand(n, -1), u)
+        counts = torch.bincount(ids, minlength=12).float()
+        assert _gof_pvalue(counts, probs[0]) > 1e-4
+        # the test can fail: the same counts against a distribution 1% TV away do
+        shifted = probs[0].clone()
+        top = shifted.argmax()
+        shifted[top] -= 0.01
+        shifted[probs[0].argmin() if probs[0].min() > 0 else shifted.argsort()[-2]] += 0.01
+        assert _gof_pvalue(counts, shifted) < 1e-6
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    top_k=st.integers(0, 40),
+    top_p=st.floats(0.05, 1.0),
+    temperature=st.floats(0.1, 3.0),
+)
+def test_top_k_top_p_keep_the_right_set(seed, top_k, top_p, temperature):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, 30, generator=g) * 3
+    probs = probs_from_logits(
+        logits, torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p])
+    )[0]
+    kept = probs > 0
+    order = logits[0].argsort(descending=True)
+    n_kept = int(kept.sum())
+    assert kept[order[:n_kept]].all(), "kept set must be the most likely tokens"
+    if top_k:
+        assert n_kept <= top_k
+    # top-p: minimal prefix whose tempered (top-k-truncated) mass reaches top_p
+    base = (logits[0] / temperature)[order]
+    if top_k:
+        base[top_k:] = float("-inf")
+    mass = base.softmax(-1).cumsum(-1)
+    need = int((mass < top_p).sum()) + 1
+    assert n_kept == min(need, top_k or 30) or abs(mass[n_kept - 1] - top_p) < 1e-5
+    torch.testing.assert_close(probs.sum(), torch.tensor(1.0))
+
+
+def test_greedy_rows_take_argmax_and_report_untempered_logprob():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 50, generator=g)
+    temp = torch.tensor([0.0, 1.0, 0.0])
+    ids, lp = sample(
+        logits,
+        temp,
+        torch.zeros(3, dtype=torch.long),
+        torch.ones(3),
+        torch.rand(3, dtype=torch.float64),
+    )
+    assert ids[0] == logits[0].argmax() and ids[2] == logits[2].argmax()
+    torch.testing.assert_close(lp[0], logits[0].log_softmax(-1)[ids[0]])
