@@ -103,7 +103,8 @@ def load_model(
                 f"tensor {name!r} has shape {tuple(t.shape)}, config implies "
                 f"{tuple(expected[name].shape)}"
             )
-    model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=False)
+    # assign=True adopts the tensors instead of copying into freshly allocated ones
+    model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=False, assign=True)
     return model.to(device=device, dtype=dtype)
 
 
