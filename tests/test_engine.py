@@ -16,9 +16,10 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def _learner_logprobs(model, prompt, tokens, temperature):
+    """What the learner computes: a full-sequence forward with autograd recording."""
     seq = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logits = model(seq).logits[0, len(prompt) - 1 : -1]
+    with torch.enable_grad():
+        logits = model(seq).logits[0, len(prompt) - 1 : -1].detach()
     t = temperature if temperature > 0 else 1.0
     return (logits / t).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 

@@ -86,3 +86,25 @@ def test_save_roundtrip_loads_in_transformers(hf_dirs, variant, tmp_path):
     assert (a - b).abs().max() <= 1e-4
     assert torch.equal(a, c)
     assert ModelConfig.from_hf(back.config.to_dict()) == ours.cfg
+
+
+def test_packed_inference_weights_follow_weight_updates(hf_dirs, variant):
+    """The engine's prepacked weights never go stale after an optimizer step."""
+    _, ours = _ours(hf_dirs, variant)
+    x = torch.randint(0, 97, (2, 12))
+
+    def both():
+        with torch.no_grad():
+            fast = ours(x).logits
+        with torch.enable_grad():
+            ref = ours(x).logits.detach()
+        return fast, ref
+
+    fast, ref = both()
+    assert (fast - ref).abs().max() <= 1e-5
+    with torch.no_grad():
+        ours.layers[0].w_down.mul_(1.5)  # in place, as an optimizer would
+        ours.head_weight.add_(0.01)
+    fast2, ref2 = both()
+    assert (fast2 - ref2).abs().max() <= 1e-5
+    assert (fast2 - fast).abs().max() > 1e-3
