@@ -67,26 +67,38 @@ def verify_cost(
     batches: list[int],
     qs: tuple[int, ...] = (1, 2, 4, 8),
     context: int = 128,
-    repeats: int = 7,
+    repeats: int = 9,
 ) -> list[dict]:
-    """time(forward adding q tokens per row) / time(adding 1), rows at `context` tokens."""
+    """time(forward adding q tokens per row) / time(adding 1), rows at `context` tokens.
+
+    The q values are measured round-robin within each repeat, so a change in machine load
+    hits numerator and denominator alike; each ratio is the median of per-round ratios.
+    """
     rows = []
     g = torch.Generator().manual_seed(0)
     for B in batches:
         cache = KVCache(model.cfg, B, context + max(qs))
+        start = torch.full((B,), context, dtype=torch.long)
+        toks = {q: torch.randint(0, model.cfg.vocab_size, (B, q), generator=g) for q in qs}
         with torch.inference_mode():
             prompt = torch.randint(0, model.cfg.vocab_size, (B, context), generator=g)
             model(prompt, positions=torch.zeros(B, dtype=torch.long), cache=cache)
-            start = torch.full((B,), context, dtype=torch.long)
-            times = {}
-            for q in qs:
-                toks = torch.randint(0, model.cfg.vocab_size, (B, q), generator=g)
-                model(toks, positions=start, cache=cache)  # warm-up
-                times[q] = _median_time(repeats, model, toks, positions=start, cache=cache)
-        rows += [
-            {"batch": B, "q": q, "ratio": round(times[q] / times[1], 3), "ms": times[q] * 1e3}
-            for q in qs
-        ]
+            for q in qs:  # warm-up
+                model(toks[q], positions=start, cache=cache)
+            times: dict[int, list[float]] = {q: [] for q in qs}
+            for _ in range(repeats):
+                for q in qs:
+                    times[q].append(_median_time(1, model, toks[q], positions=start, cache=cache))
+        for q in qs:
+            ratios = [t / t1 for t, t1 in zip(times[q], times[1], strict=True)]
+            rows.append(
+                {
+                    "batch": B,
+                    "q": q,
+                    "ratio": round(statistics.median(ratios), 3),
+                    "ms": round(statistics.median(times[q]) * 1e3, 3),
+                }
+            )
     return rows
 
 
