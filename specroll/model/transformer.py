@@ -106,13 +106,20 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, heads, hd]; pos: [B, T] absolute positions."""
-        cos = self.cos[pos].unsqueeze(2)  # [B, T, 1, hd]
-        sin = self.sin[pos].unsqueeze(2)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def forward(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos: [B, T] absolute positions → (cos, sin), each [B, T, 1, hd]."""
+        return self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: x [B, T, heads, hd] with cos/sin [B, T, 1, hd]."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def fold_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, T, Lk] mask → [B, 1, group*T, Lk], matching the folded queries of `attention`."""
+    return mask.unsqueeze(1).repeat(1, 1, group, 1)
 
 
 def attention(
@@ -121,17 +128,15 @@ def attention(
     """Grouped-query attention without copying K/V.
 
     q: [B, T, Hq, hd]; k, v: [B, Hkv, Lk, hd] (may be strided views of the cache);
-    mask: [B, T, Lk] bool (True = attend). Returns [B, T, Hq * hd].
+    mask: [B, 1, g*T, Lk] bool (True = attend), already folded by `fold_mask`.
+    Returns [B, T, Hq * hd].
     """
     B, T, Hq, hd = q.shape
     Hkv = k.shape[1]
     g = Hq // Hkv
     # query head h = kv * g + j attends KV head kv; fold j into the query axis
     qf = q.view(B, T, Hkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * T, hd)
-    m = mask.unsqueeze(1)  # [B, 1, T, Lk]
-    if g > 1:
-        m = m.repeat(1, 1, g, 1)  # [B, 1, g*T, Lk]
-    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=m, scale=scale)
+    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, scale=scale)
     return out.view(B, Hkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(B, T, Hq * hd)
 
 
@@ -157,7 +162,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         pos: torch.Tensor,
         mask: torch.Tensor,
-        rotary: Rotary,
+        rope: tuple[torch.Tensor, torch.Tensor],
         layer_cache: tuple[torch.Tensor, torch.Tensor] | None,
         cache_len: int,
         packed: dict[str, torch.Tensor] | None = None,
@@ -177,7 +182,7 @@ class Block(nn.Module):
         if self.q_norm is not None:
             q = F.rms_norm(q, (cfg.head_dim,), self.q_norm, eps)
             k = F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)
-        q, k = rotary(q, pos), rotary(k, pos)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if layer_cache is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, hd]
         else:
@@ -296,6 +301,8 @@ class Transformer(nn.Module):
                 f"max_position_embeddings={cfg.max_position_embeddings}"
             )
         mask = kpos.view(1, 1, -1) <= pos.unsqueeze(-1)  # [B, T, Lk]
+        mask = fold_mask(mask, cfg.num_heads // cfg.num_kv_heads)  # [B, 1, g*T, Lk]
+        rope = self.rotary(pos)
 
         packed = self.packed_weights()
         x = self.embed_tokens(tokens)
@@ -306,7 +313,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             rows = slice(slot_start, slot_start + B)
             lc = None if cache is None else (cache.k[i, rows], cache.v[i, rows])
-            x = layer(x, pos, mask, self.rotary, lc, cache_len, packed and packed[i])
+            x = layer(x, pos, mask, rope, lc, cache_len, packed and packed[i])
             if i + 1 in wanted:
                 hidden[i + 1] = x
         if not return_logits:
