@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,9 +11,12 @@ from specroll.spec.sampling import probs_from_logits, sample, sample_from_probs
 
 
 def _chi2_sf(x: float, dof: int) -> float:
-    """Survival function of chi-square (Wilson–Hilferty; accurate for dof >= 3)."""
-    z = ((x / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
+    """Survival function of chi-square: Q(dof/2, x/2), the regularised upper gamma."""
+    if dof == 0:
+        return 1.0
+    return torch.special.gammaincc(
+        torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(x / 2.0, dtype=torch.float64)
+    ).item()
 
 
 def _gof_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
