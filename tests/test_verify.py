@@ -89,7 +89,7 @@ def _run_verify(n, kmax, t, k, p, seed, draft_probs_mode="sampled", vocab=8):
         tk,
         tp,
         rng.uniforms(seeds, counters, rng.ACCEPT),
-        rng.uniforms(seeds, torch.zeros(n, dtype=torch.long)),
+        rng.uniforms(seeds, torch.arange(kmax + 1).expand(n, -1)),
     )
     p_pos = probs_from_logits(target.unsqueeze(0), temp[:1], tk[:1], tp[:1])[0]  # [kmax+1, V]
     return out, p_pos
@@ -145,7 +145,7 @@ def test_hand_made_cases_greedy_and_edges():
         torch.zeros(3, dtype=torch.long),
         torch.ones(3),
         torch.zeros(3, 3, dtype=torch.float64),
-        torch.zeros(3, dtype=torch.float64),
+        torch.zeros(3, 4, dtype=torch.float64),
     )
     assert out.tokens.tolist() == [[1, 2, 3, 4], [1, 2, -1, -1], [5, -1, -1, -1]]
     assert out.num_accepted.tolist() == [3, 1, 0]
@@ -164,6 +164,6 @@ def test_zero_probability_draft_is_never_accepted_even_at_u_zero():
         torch.zeros(1, dtype=torch.long),
         torch.ones(1),
         torch.zeros(1, 1, dtype=torch.float64),
-        torch.full((1,), 0.5, dtype=torch.float64),
+        torch.full((1, 2), 0.5, dtype=torch.float64),
     )
     assert out.num_accepted.item() == 0 and out.tokens[0, 0].item() in (0, 1)

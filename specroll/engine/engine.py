@@ -7,6 +7,13 @@ prefilled, together, into the free slots behind the rows already decoding. Per-r
 so a decoding step is a handful of tensor ops whatever the batch size; Python only runs
 per request (admission, completion), never per token.
 
+Speculative mode is the same loop: each iteration the depth policy picks k, the drafter
+proposes up to k tokens per row, one target forward scores every row's k+1 positions at
+its own cache position, `spec.verify` accepts, and each row advances by what it
+emitted (rejected cache entries are simply overwritten later). Plain decoding is the
+k = 0 case of that step and draws the very same random numbers, so turning speculation
+off changes nothing but speed.
+
 Randomness comes from counter-based uniforms keyed by (request seed, token index): a
 request's tokens do not depend on which other requests share its batch.
 
@@ -16,16 +23,24 @@ Run it: `specroll generate --prompt "What is 7 times 8?"`.
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from specroll.drafters.base import DraftBatch, Drafter
+from specroll.engine.depth import FixedDepth
 from specroll.engine.request import Request, Result
 from specroll.model.transformer import KVCache, Transformer
 from specroll.spec import rng
-from specroll.spec.sampling import sample
+from specroll.spec.metrics import CollapseDetector, SpecStats
+from specroll.spec.sampling import token_logprobs
+from specroll.spec.verify import verify
+
+_NONE, _STOP, _LENGTH, _CONTEXT = 0, 1, 2, 3
+_REASONS = {_STOP: "stop", _LENGTH: "length", _CONTEXT: "context"}
 
 
 @dataclass
@@ -49,7 +64,7 @@ class EngineConfig:
 class _Slots:
     """Slot-indexed state of the rows being decoded (row b = slot b)."""
 
-    def __init__(self, n: int, max_gen: int, max_stops: int) -> None:
+    def __init__(self, n: int, max_gen: int, max_stops: int, max_len: int) -> None:
         long = dict(dtype=torch.long)
         self.pos = torch.zeros(n, **long)  # tokens already in the cache
         self.last = torch.zeros(n, **long)  # newest token, not yet in the cache
@@ -62,6 +77,11 @@ class _Slots:
         self.stops = torch.full((n, max(max_stops, 1)), -1, **long)
         self.tokens = torch.zeros(n, max_gen, **long)  # [S, max_gen]
         self.logprobs = torch.zeros(n, max_gen)  # [S, max_gen]
+        self.history = torch.zeros(n, max_len, **long)  # [S, L] prompt + generated ids
+        self.finish = torch.zeros(n, **long)  # _NONE / _STOP / _LENGTH / _CONTEXT
+        self.drafts = torch.zeros(n, **long)  # per-request speculation counters
+        self.draft_tokens = torch.zeros(n, **long)
+        self.accepted = torch.zeros(n, **long)
         self.request = [-1] * n
 
     def tensors(self) -> list[torch.Tensor]:
@@ -74,13 +94,29 @@ class _Slots:
 
 
 class Engine:
-    """Generates completions for batches of requests with one policy model."""
+    """Generates completions for batches of requests with one policy model.
 
-    def __init__(self, model: Transformer, config: EngineConfig | None = None) -> None:
+    With a `drafter`, decoding is speculative with the depth chosen per iteration by
+    `depth` (default: k = 3 at every batch size); `stats` holds the last call's metrics.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        config: EngineConfig | None = None,
+        drafter: Drafter | None = None,
+        depth: FixedDepth | None = None,
+    ) -> None:
         self.model = model.eval()
         self.config = config or EngineConfig()
         self.cache: KVCache | None = None
         self.eos = tuple(model.cfg.eos_token_id)
+        self.drafter = drafter
+        self.depth = depth if depth is not None else FixedDepth(k=3 if drafter else 0)
+        if self.depth.k_max > 0 and drafter is None:
+            raise ValueError(f"depth k={self.depth.k_max} needs a drafter")
+        self.stats = SpecStats()
+        self._collapse = CollapseDetector()
 
     # ------------------------------------------------------------------ public API
 
@@ -99,11 +135,16 @@ class Engine:
         seeds = self._check(requests)
         ctx = self.model.cfg.max_position_embeddings
         max_gen = max(r.params.max_new_tokens for r in requests)
-        need_len = min(ctx, max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests))
+        need_len = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests)
+        # verification writes up to k_max positions past a row's last emitted token
+        need_len = min(ctx, need_len + self.depth.k_max)
         n_slots = min(self.config.max_batch, len(requests))
         self._ensure_cache(n_slots, need_len)
         stops = [self._stops(r) for r in requests]
-        st = _Slots(n_slots, max_gen, max(len(s) for s in stops))
+        st = _Slots(n_slots, max_gen, max(len(s) for s in stops), self.cache.max_len)
+        if self.drafter is not None:
+            self.drafter.start(self.cache.num_slots, self.cache.max_len)
+        self.stats = SpecStats()
 
         t0 = time.perf_counter()
         first_token = [0.0] * len(requests)
@@ -122,9 +163,8 @@ class Engine:
                 stepped = len(new)
                 B += len(new)
             else:
-                self._decode(st, B)
-                stepped = B
-            done = self._finished(st, B, ctx)
+                stepped = self._step(st, B, ctx)
+            done = self._finished(st, B)
             for b in sorted(done, reverse=True):
                 j = st.request[b]
                 results[j] = self._result(st, b, requests[j], j, seeds[j], done[b])
@@ -134,14 +174,18 @@ class Engine:
                 if b != B:  # compact: the last active row takes the freed slot
                     self.cache.move(B, b, int(st.pos[B]))
                     st.move(B, b)
+                    if self.drafter is not None:
+                        self.drafter.move(B, b)
             if on_progress is not None:
                 on_progress(stepped, len(done))
+        self.stats.total_s = time.perf_counter() - t0
         return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ steps
 
     def _prefill(self, st: _Slots, start: int, prompts: list[list[int]]) -> None:
         """Prefill new rows at slots start.. in groups of at most prefill_tokens."""
+        hidden_layers = self.drafter.hidden_layers if self.drafter else ()
         i = 0
         while i < len(prompts):
             j = i + 1
@@ -156,45 +200,161 @@ class Engine:
             for r, p in enumerate(group):
                 tokens[r, : len(p)] = torch.tensor(p)
             lengths = torch.tensor([len(p) for p in group])
+            rows = torch.arange(start + i, start + j)
+            st.history[rows, :width] = tokens
+            t = time.perf_counter()
             out = self.model(
                 tokens,
                 positions=torch.zeros(len(group), dtype=torch.long),
                 cache=self.cache,
                 logits_index=(lengths - 1).unsqueeze(1),
+                hidden_layers=hidden_layers,
                 slot_start=start + i,
             )
-            rows = torch.arange(start + i, start + j)
-            st.pos[rows] = lengths
-            self._emit(st, rows, out.logits[:, 0])
+            self.stats.target_s += time.perf_counter() - t
+            if self.drafter is not None:
+                t = time.perf_counter()
+                self.drafter.prefill(start + i, group, out.hidden)
+                self.stats.draft_s += time.perf_counter() - t
+            # the last prompt token plays the role of `last` (scored, entering the cache)
+            st.pos[rows] = lengths - 1
+            st.last[rows] = tokens[torch.arange(len(group)), lengths - 1]
+            none = torch.zeros(len(group), dtype=torch.long)
+            ctx = self.model.cfg.max_position_embeddings
+            self._accept(st, rows, out.logits, none, None, ctx, observe=False)
             i = j
 
-    def _decode(self, st: _Slots, B: int) -> None:
-        """One token for every active row."""
-        out = self.model(st.last[:B, None], positions=st.pos[:B], cache=self.cache)
-        st.pos[:B] += 1
-        self._emit(st, torch.arange(B), out.logits[:, 0])
+    def _step(self, st: _Slots, B: int, ctx: int) -> int:
+        """One decoding (k = 0) or speculative (k >= 1) iteration; returns tokens emitted."""
+        rows = torch.arange(B)
+        k = self.depth.choose(B)
+        # every row's k+1 positions must fit the cache and the context window
+        room = min(ctx, self.cache.max_len) - 1 - int(st.pos[:B].max())
+        k = max(0, min(k, room))
+        budget = st.max_new[:B] - st.n_gen[:B] - 1  # drafts beyond this would be cut anyway
+        num_draft = budget.clamp(min=0, max=k)
+        drafts, probs = torch.zeros(B, k, dtype=torch.long), None
+        if k > 0:
+            t = time.perf_counter()
+            prop = self.drafter.propose(
+                DraftBatch(
+                    k=k,
+                    num_draft=num_draft,
+                    last=st.last[:B],
+                    pos=st.pos[:B],
+                    history=st.history,
+                    temperature=st.temperature[:B],
+                    top_k=st.top_k[:B],
+                    top_p=st.top_p[:B],
+                    seed=st.seed[:B],
+                    n_gen=st.n_gen[:B],
+                )
+            )
+            self.stats.draft_s += time.perf_counter() - t
+            drafts, probs = prop.tokens, prop.probs
+            if prop.lengths is not None:
+                num_draft = torch.minimum(num_draft, prop.lengths)
+        tokens = torch.cat([st.last[:B, None], drafts], dim=1)  # [B, k+1]
+        t = time.perf_counter()
+        out = self.model(
+            tokens,
+            positions=st.pos[:B],
+            cache=self.cache,
+            hidden_layers=self.drafter.hidden_layers if self.drafter else (),
+        )
+        self.stats.target_s += time.perf_counter() - t
+        pos_before = st.pos[:B].clone()
+        emitted = self._accept(st, rows, out.logits, num_draft, (drafts, probs), ctx)
+        if self.drafter is not None:
+            t = time.perf_counter()
+            self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, out.hidden)
+            self.stats.draft_s += time.perf_counter() - t
+        return emitted
 
-    def _emit(self, st: _Slots, rows: torch.Tensor, logits: torch.Tensor) -> None:
-        """Sample the next token of `rows` from `logits` ([n, V]) and record it."""
-        u = rng.uniforms(st.seed[rows], st.n_gen[rows], rng.SAMPLE)
-        ids, lp = sample(logits, st.temperature[rows], st.top_k[rows], st.top_p[rows], u)
-        st.tokens[rows, st.n_gen[rows]] = ids
-        st.logprobs[rows, st.n_gen[rows]] = lp
-        st.last[rows] = ids
-        st.n_gen[rows] += 1
+    def _accept(
+        self,
+        st: _Slots,
+        rows: torch.Tensor,
+        logits: torch.Tensor,
+        num_draft: torch.Tensor,
+        proposal: tuple[torch.Tensor, torch.Tensor | None] | None,
+        ctx: int,
+        observe: bool = True,
+    ) -> int:
+        """Verify, then record each row's emitted tokens up to its first stop condition.
 
-    def _finished(self, st: _Slots, B: int, ctx: int) -> dict[int, str]:
+        logits: [n, k+1, V] target logits at `last` and each draft. Every row advances its
+        cache position by the tokens that entered the cache (`last` + accepted drafts).
+        """
+        n, K1, _ = logits.shape
+        K = K1 - 1
+        if proposal is None:
+            proposal = (torch.zeros(n, 0, dtype=torch.long), None)
+        drafts, probs = proposal
+        n_gen, seed, temp = st.n_gen[rows], st.seed[rows], st.temperature[rows]
+        idx = n_gen.unsqueeze(1) + torch.arange(K1)  # [n, K+1] output index of each slot
+        ver = verify(
+            logits,
+            drafts,
+            num_draft,
+            probs,
+            temp,
+            st.top_k[rows],
+            st.top_p[rows],
+            rng.uniforms(seed, idx[:, :K], rng.ACCEPT),
+            rng.uniforms(seed, idx, rng.SAMPLE),
+        )
+        emitted = ver.num_emitted  # [n]
+        out = ver.tokens.clamp(min=0)  # [n, K+1]
+        # cut each row at its first stop token, its budget and the context window
+        col = torch.arange(K1)
+        is_stop = (out.unsqueeze(-1) == st.stops[rows].unsqueeze(1)).any(-1) & (
+            col < emitted.unsqueeze(1)
+        )
+        stop_at = torch.where(is_stop.any(1), is_stop.float().argmax(1) + 1, K1 + 1)
+        budget = st.max_new[rows] - n_gen
+        room = ctx - 1 - st.pos[rows]  # tokens the context window still holds
+        count = torch.minimum(torch.minimum(emitted, stop_at), torch.minimum(budget, room))
+        finish = torch.where(
+            stop_at <= count,
+            _STOP,
+            torch.where(budget <= count, _LENGTH, torch.where(room <= count, _CONTEXT, _NONE)),
+        )
+        lp = token_logprobs(logits, temp, out)  # [n, K+1]
+        keep = col < count.unsqueeze(1)
+        r, c = keep.nonzero(as_tuple=True)
+        st.tokens[rows[r], idx[r, c]] = out[r, c]
+        st.logprobs[rows[r], idx[r, c]] = lp[r, c]
+        st.history[rows[r], st.pos[rows][r] + 1 + c] = out[r, c]
+        st.last[rows] = out.gather(1, (emitted - 1).unsqueeze(1)).squeeze(1)
+        st.pos[rows] += emitted
+        st.n_gen[rows] += count
+        st.finish[rows] = finish
+        st.drafts[rows] += (num_draft > 0).long()
+        st.draft_tokens[rows] += num_draft
+        st.accepted[rows] += ver.num_accepted
+        if observe:  # decode/verify forward (prefill is not a speculation step)
+            self.stats.observe(num_draft, ver.accepted, int(count.sum()))
+            self._watch(num_draft, ver.num_accepted)
+        return int(count.sum())
+
+    def _watch(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
+        if self._collapse.observe(int(num_draft.sum()), int(accepted.sum())):
+            warnings.warn(
+                f"acceptance collapse: drafter {self.drafter.name!r} (weight version "
+                f"{self.drafter.version}) accepted {self._collapse.accepted} of the last "
+                f"{self._collapse.drafted} draft tokens; is the draft stale or corrupt?",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self._collapse = CollapseDetector(self._collapse.window, self._collapse.threshold)
+
+    def _finished(self, st: _Slots, B: int) -> dict[int, str]:
         """Rows that are done after this step, with their finish reason."""
-        stop = (st.last[:B, None] == st.stops[:B]).any(dim=1)
-        length = st.n_gen[:B] >= st.max_new[:B]
-        context = st.pos[:B] + 1 >= ctx
-        any_done = stop | length | context
-        if not bool(any_done.any()):
+        done = st.finish[:B]
+        if not bool((done != _NONE).any()):
             return {}
-        reasons = {}
-        for b in any_done.nonzero().flatten().tolist():
-            reasons[b] = "stop" if stop[b] else ("length" if length[b] else "context")
-        return reasons
+        return {b: _REASONS[int(done[b])] for b in (done != _NONE).nonzero().flatten().tolist()}
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -204,6 +364,8 @@ class Engine:
         p = req.params
         st.request[b] = j
         st.n_gen[b] = 0
+        st.finish[b] = _NONE
+        st.drafts[b] = st.draft_tokens[b] = st.accepted[b] = 0
         st.max_new[b] = p.max_new_tokens
         st.seed[b] = seed
         st.temperature[b] = p.temperature
@@ -222,6 +384,9 @@ class Engine:
             logprobs=st.logprobs[b, :n].tolist(),
             finish_reason=reason,
             seed=seed,
+            num_drafts=int(st.drafts[b]),
+            draft_tokens=int(st.draft_tokens[b]),
+            accepted_tokens=int(st.accepted[b]),
             first_token_s=0.0,
             latency_s=0.0,
         )

@@ -65,3 +65,9 @@ class Result:
     """Seconds from the start of generate() to this request's first token."""
     latency_s: float
     """Seconds from the start of generate() to this request's last token."""
+    num_drafts: int = 0
+    """Speculative iterations that verified drafts for this request."""
+    draft_tokens: int = 0
+    """Draft tokens verified for this request."""
+    accepted_tokens: int = 0
+    """Draft tokens accepted for this request."""

@@ -63,7 +63,9 @@ def verify(
     num_draft: [B] in 0..kmax. draft_probs: [B, kmax, V] processed q the drafts were
     sampled from, or None for one-hot drafts. temperature/top_k/top_p: [B] sampling
     parameters (the same ones the draft used). u_accept: [B, kmax] float64 uniforms for
-    the acceptance tests; u_sample: [B] float64 uniforms for the recovered/bonus token.
+    the acceptance tests; u_sample: [B, kmax+1] float64 uniforms, u_sample[b, j] drawing
+    the recovered/bonus token when row b emits it at position j (so a row's j-th emitted
+    token always uses the uniform of its own index, whatever the draft length).
     """
     B, K1, V = target_logits.shape
     K = K1 - 1
@@ -96,7 +98,7 @@ def verify(
         else:
             q_j = draft_probs[rows, j]
         dist = torch.where(rejected.unsqueeze(1), residual_distribution(dist, q_j), dist)
-    last = sample_from_probs(dist, u_sample)  # [B]
+    last = sample_from_probs(dist, u_sample[rows, n])  # [B]
     if bool(greedy.any()):
         last = torch.where(greedy, target_logits[rows, n].argmax(dim=-1), last)
 

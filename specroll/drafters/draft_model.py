@@ -1,0 +1,89 @@
+"""Draft-model drafter: a smaller specroll model sharing the policy's tokenizer.
+
+It keeps its own KV cache (row b ↔ slot b, like the target's) and samples its tokens
+from the processed distribution q at the request's own temperature / top-k / top-p —
+the exact q handed to the verifier — which accepts more than argmax drafting at T > 0
+while staying lossless. Greedy requests draft greedily.
+
+Its cache trails the target: after a verification the accepted prefix of its own drafts
+is already cached, and the tokens it never saw (the target's recovered/bonus token, or
+the last draft when all were accepted) are fed at the start of the next proposal.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specroll.drafters.base import DraftBatch, Drafter, Proposal
+from specroll.model.transformer import KVCache, Transformer
+from specroll.spec import rng
+from specroll.spec.sampling import probs_from_logits, sample_from_probs
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft_model"
+
+    def __init__(self, model: Transformer, version: int = 0) -> None:
+        self.model = model.eval()
+        self.version = version
+        self.cache: KVCache | None = None
+        self.dpos = torch.zeros(0, dtype=torch.long)  # [S] tokens in the draft cache
+        self._proposed: tuple[torch.Tensor, int] | None = None
+
+    def start(self, num_slots: int, max_len: int) -> None:
+        c = self.cache
+        if c is None or c.num_slots < num_slots or c.max_len < max_len:
+            self.cache = None
+            p = next(self.model.parameters())
+            self.cache = KVCache(self.model.cfg, num_slots, max_len, p.dtype, p.device)
+        self.dpos = torch.zeros(self.cache.num_slots, dtype=torch.long)
+
+    @torch.inference_mode()
+    def prefill(self, start: int, prompts: list[list[int]], hidden) -> None:
+        width = max(len(p) for p in prompts)
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+        for r, p in enumerate(prompts):
+            tokens[r, : len(p)] = torch.tensor(p)
+        zeros = torch.zeros(len(prompts), dtype=torch.long)
+        self.model(tokens, positions=zeros, cache=self.cache, slot_start=start, return_logits=False)
+        self.dpos[start : start + len(prompts)] = torch.tensor([len(p) for p in prompts])
+
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> Proposal:
+        B, k = batch.last.shape[0], batch.k
+        # catch up: feed history[dpos .. pos] (1 token, or 2 after a full acceptance, ...)
+        dpos = self.dpos[:B]
+        n_feed = batch.pos + 1 - dpos  # [B] >= 1
+        w = int(n_feed.max())
+        idx = (dpos.unsqueeze(1) + torch.arange(w)).clamp(max=batch.history.shape[1] - 1)
+        feed = batch.history[:B].gather(1, idx)  # [B, w] (tail beyond n_feed is padding)
+        logits = self.model(
+            feed, positions=dpos, cache=self.cache, logits_index=(n_feed - 1).unsqueeze(1)
+        ).logits[:, 0]
+        tokens, probs = [], []
+        for i in range(k):
+            q = probs_from_logits(logits, batch.temperature, batch.top_k, batch.top_p)
+            u = rng.uniforms(batch.seed, batch.n_gen + i, rng.DRAFT)
+            tok = sample_from_probs(q, u)
+            tok = torch.where(batch.temperature <= 0, logits.argmax(dim=-1), tok)
+            tokens.append(tok)
+            probs.append(q)
+            if i + 1 < k:
+                logits = self.model(
+                    tok.unsqueeze(1), positions=batch.pos + 1 + i, cache=self.cache
+                ).logits[:, 0]
+        self._proposed = (batch.pos.clone(), k)
+        return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
+
+    def commit(self, B, pos_before, num_new, hidden) -> None:
+        if self._proposed is None:
+            return  # nothing drafted this step: the cache catches up at the next proposal
+        pos, k = self._proposed
+        # cached: last + drafts 1..k-1; valid: last + the accepted drafts (num_new - 1)
+        valid = 1 + torch.minimum(num_new - 1, torch.full_like(num_new, k - 1))
+        self.dpos[:B] = pos + valid
+        self._proposed = None
+
+    def move(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst, int(self.dpos[src]))
+        self.dpos[dst] = self.dpos[src]

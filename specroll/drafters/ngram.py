@@ -1,0 +1,50 @@
+"""N-gram / prompt-lookup drafter: copy what followed the latest earlier occurrence of the
+row's current suffix. Model-free, deterministic (one-hot q), strong on repetitive text
+such as math derivations that restate the prompt.
+
+Vectorised over rows: for n from n_max down to n_min, every row's last n tokens are
+compared with all windows of its history at once; the longest n with a match wins and
+the most recent match is used.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specroll.drafters.base import DraftBatch, Drafter, Proposal
+
+
+class NgramDrafter(Drafter):
+    name = "ngram"
+
+    def __init__(self, n_max: int = 3, n_min: int = 1) -> None:
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        self.n_max, self.n_min = n_max, n_min
+
+    def propose(self, batch: DraftBatch) -> Proposal:
+        B, k = batch.last.shape[0], batch.k
+        length = batch.pos + 1  # [B] valid history per row (last token included)
+        L = int(length.max())
+        hist = batch.history[:B, :L]  # [B, L]
+        found = torch.full((B,), -1, dtype=torch.long)  # start of the continuation
+        idx = torch.arange(L)
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if n >= L:
+                continue
+            suffix_at = (length - n).clamp(min=0)  # [B]
+            suffix = hist.gather(1, suffix_at.unsqueeze(1) + torch.arange(n))  # [B, n]
+            windows = hist.unfold(1, n, 1)  # [B, L-n+1, n]
+            match = (windows == suffix.unsqueeze(1)).all(dim=-1)  # [B, L-n+1]
+            # a match must end before the suffix itself starts... and leave a next token
+            starts = idx[: L - n + 1]
+            match &= (starts + n < length.unsqueeze(1)) & (starts < suffix_at.unsqueeze(1))
+            match &= (length > n).unsqueeze(1)
+            latest = torch.where(match, starts, torch.full_like(starts, -1)).max(dim=1).values
+            take = (found < 0) & (latest >= 0)
+            found = torch.where(take, latest + n, found)
+        # continuation tokens, cut where the history ends; rows without a match draft none
+        cont = found.clamp(min=0).unsqueeze(1) + torch.arange(k)  # [B, k]
+        ok = (found >= 0).unsqueeze(1) & (cont < length.unsqueeze(1))
+        tokens = hist.gather(1, cont.clamp(max=L - 1))
+        return Proposal(tokens=tokens, probs=None, lengths=ok.sum(dim=1))

@@ -1,0 +1,130 @@
+"""Speculative-decoding statistics, named as vLLM and EAGLE report them.
+
+* acceptance length (AL, τ) = 1 + accepted / drafts — includes the bonus/recovered token;
+* acceptance rate = accepted / draft tokens;
+* per-position acceptance i = drafts whose first i+1 tokens were all accepted / drafts
+  that proposed at least i+1 tokens (cumulative, like vLLM's counters);
+* tokens per target forward = emitted tokens / row-forwards (per row: 1 for plain
+  decoding, at most k+1 with speculation).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SpecStats:
+    """Counters of one generate() call (or of a request, or of an RL step)."""
+
+    drafts: int = 0
+    """Row-iterations that verified at least one draft token."""
+    draft_tokens: int = 0
+    """Draft tokens verified."""
+    accepted_tokens: int = 0
+    """Draft tokens accepted."""
+    accepted_per_pos: list[int] = field(default_factory=list)
+    """[i] drafts whose tokens 0..i were all accepted."""
+    drafted_per_pos: list[int] = field(default_factory=list)
+    """[i] drafts that proposed at least i+1 tokens."""
+    target_forwards: int = 0
+    """Decode/verification forwards of the target (prefill excluded)."""
+    row_forwards: int = 0
+    """Rows scored by those forwards (a forward over B rows counts B)."""
+    emitted_tokens: int = 0
+    """Tokens emitted by those forwards."""
+    draft_s: float = 0.0
+    """Wall time in the drafter (propose + commit)."""
+    target_s: float = 0.0
+    """Wall time in target forwards (prefill included)."""
+    total_s: float = 0.0
+    """Wall time of the whole generate() call."""
+
+    def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor, emitted: int) -> None:
+        """num_draft: [B]; accepted: [B, K] cumulative acceptance mask; emitted: tokens out."""
+        self.target_forwards += 1
+        self.row_forwards += num_draft.shape[0]
+        self.emitted_tokens += emitted
+        K = accepted.shape[1]
+        if K == 0 or not bool((num_draft > 0).any()):
+            return
+        while len(self.accepted_per_pos) < K:
+            self.accepted_per_pos.append(0)
+            self.drafted_per_pos.append(0)
+        self.drafts += int((num_draft > 0).sum())
+        self.draft_tokens += int(num_draft.sum())
+        acc = accepted.sum(dim=0).tolist()
+        drafted = (torch.arange(K) < num_draft.unsqueeze(1)).sum(dim=0).tolist()
+        self.accepted_tokens += int(sum(acc))
+        for i in range(K):
+            self.accepted_per_pos[i] += int(acc[i])
+            self.drafted_per_pos[i] += int(drafted[i])
+
+    @property
+    def acceptance_length(self) -> float:
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def per_position(self) -> list[float]:
+        return [
+            a / d if d else 0.0
+            for a, d in zip(self.accepted_per_pos, self.drafted_per_pos, strict=True)
+        ]
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens a row gains per target forward (1 for plain decoding, k+1 at best)."""
+        return self.emitted_tokens / self.row_forwards if self.row_forwards else 0.0
+
+    @property
+    def other_s(self) -> float:
+        return max(self.total_s - self.draft_s - self.target_s, 0.0)
+
+    def summary(self) -> dict:
+        return {
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_length": round(self.acceptance_length, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "per_position": [round(x, 4) for x in self.per_position],
+            "target_forwards": self.target_forwards,
+            "tokens_per_target_forward": round(self.tokens_per_forward, 4),
+            "draft_s": round(self.draft_s, 4),
+            "target_s": round(self.target_s, 4),
+            "other_s": round(self.other_s, 4),
+            "total_s": round(self.total_s, 4),
+        }
+
+
+class CollapseDetector:
+    """Flags a drafter whose acceptance rate over the last `window` draft tokens is tiny.
+
+    A silently stale or corrupted draft is the most common bug class in peer systems; it
+    costs speed, not correctness, so it is reported rather than raised.
+    """
+
+    def __init__(self, window: int = 256, threshold: float = 0.02) -> None:
+        self.window, self.threshold = window, threshold
+        self.events: deque[tuple[int, int]] = deque()
+        self.drafted = self.accepted = 0
+
+    def observe(self, drafted: int, accepted: int) -> bool:
+        """Add one iteration; True when the window is full and below the threshold."""
+        if drafted == 0:
+            return False
+        self.events.append((drafted, accepted))
+        self.drafted += drafted
+        self.accepted += accepted
+        while self.events and self.drafted - self.events[0][0] >= self.window:
+            d, a = self.events.popleft()
+            self.drafted -= d
+            self.accepted -= a
+        return self.drafted >= self.window and self.accepted < self.threshold * self.drafted
