@@ -74,6 +74,7 @@ class _Slots:
         self.temperature = torch.zeros(n)
         self.top_k = torch.zeros(n, **long)
         self.top_p = torch.ones(n)
+        self.max_draft = torch.full((n,), -1, **long)
         self.stops = torch.full((n, max(max_stops, 1)), -1, **long)
         self.tokens = torch.zeros(n, max_gen, **long)  # [S, max_gen]
         self.logprobs = torch.zeros(n, max_gen)  # [S, max_gen]
@@ -231,8 +232,8 @@ class Engine:
         # every row's k+1 positions must fit the cache and the context window
         room = min(ctx, self.cache.max_len) - 1 - int(st.pos[:B].max())
         k = max(0, min(k, room))
-        budget = st.max_new[:B] - st.n_gen[:B] - 1  # drafts beyond this would be cut anyway
-        num_draft = budget.clamp(min=0, max=k)
+        num_draft = st.max_draft[:B].clamp(max=k)  # [B] per-request cap, -1 = no cap
+        num_draft = torch.where(num_draft < 0, k, num_draft)
         drafts, probs = torch.zeros(B, k, dtype=torch.long), None
         if k > 0:
             t = time.perf_counter()
@@ -371,6 +372,7 @@ class Engine:
         st.temperature[b] = p.temperature
         st.top_k[b] = p.top_k
         st.top_p[b] = p.top_p
+        st.max_draft[b] = -1 if p.max_draft is None else p.max_draft
         st.stops[b] = -1
         if stops:
             st.stops[b, : len(stops)] = torch.tensor(stops)

@@ -21,6 +21,9 @@ class SamplingParams:
     """Ids that end the request (included in the output); None = the model's EOS ids."""
     seed: int | None = None
     """Per-request seed; None = drawn from the engine's seed in submission order."""
+    max_draft: int | None = None
+    """Most draft tokens per speculative iteration for this request (0 = never speculate);
+    None = whatever the engine's depth policy chooses."""
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -31,6 +34,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_draft is not None and self.max_draft < 0:
+            raise ValueError(f"max_draft must be >= 0 or None, got {self.max_draft}")
         if self.stop_token_ids is not None:
             self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
 

@@ -1,0 +1,245 @@
+"""Speculative decoding through the real engine is exactly plain decoding.
+
+Monte-Carlo: the joint distribution of the first three generated tokens, sampled through
+the engine with each drafter, is compared by a chi-square test with plain decoding's
+exact joint distribution (enumerated on a 16-token vocabulary). The same test run
+against a deliberately broken verifier fails, so a pass means something.
+Greedy: 100% token-identical to plain greedy decoding over 128 tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import specroll.spec.verify as V
+from specroll.drafters.draft_model import DraftModelDrafter
+from specroll.drafters.ngram import NgramDrafter
+from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+from specroll.engine.depth import FixedDepth
+from specroll.model import ModelConfig, Transformer
+from specroll.spec.sampling import probs_from_logits
+from tests.test_sampling import _chi2_sf
+
+VOCAB = 16
+PROMPT = [3, 7, 1, 3, 7, 2, 3, 7]  # repetitive, so the n-gram drafter finds matches
+SETTINGS = [  # temperature, top_k, top_p
+    (0.7, 0, 1.0),
+    (1.0, 0, 1.0),
+    (1.5, 0, 1.0),
+    (1.0, 6, 1.0),
+    (1.0, 0, 0.85),
+]
+
+
+def _model(seed: int, std: float = 0.4) -> Transformer:
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_position_embeddings=64,
+    )
+    return Transformer(cfg).init_weights(seed=seed, std=std).eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _model(0)
+
+
+def _related(target: Transformer, noise: float = 0.15) -> Transformer:
+    """A draft close to the target (like a distilled one): accepts some, rejects some."""
+    draft = _model(0)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=g) * noise)
+    return draft
+
+
+def _drafters(target):
+    return {
+        "ngram": lambda: NgramDrafter(n_max=2),
+        "draft_model": lambda: DraftModelDrafter(_related(target)),
+        "oracle": lambda: DraftModelDrafter(target),
+    }
+
+
+def _exact_joint(model, t, k, p, n=3) -> torch.Tensor:
+    """P(y1..yn | PROMPT) of plain decoding, enumerated: [V**n]."""
+    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=n - 1)))  # [V^(n-1), n-1]
+    full = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], dim=1)
+    with torch.no_grad():
+        logits = model(full).logits[:, len(PROMPT) - 1 :]  # [M, n, V]
+    M = len(seqs)
+    par = (torch.full((M,), t), torch.full((M,), k), torch.full((M,), p))
+    probs = probs_from_logits(logits, *par).double()  # [M, n, V]
+    joint = torch.ones(M, dtype=torch.float64)
+    for i in range(n - 1):  # P(y1..y_{n-1}) for each prefix
+        joint = joint * probs[torch.arange(M), i, seqs[:, i]]
+    return (joint.unsqueeze(1) * probs[:, n - 1]).flatten()  # [V^n]
+
+
+def _sample_joint(engine, n_samples, t, k, p, mixed: bool) -> torch.Tensor:
+    reqs = []
+    for i in range(n_samples):
+        cap = (i % 4) if mixed else None  # k = 0, 1, 2, 3 rows side by side
+        params = SamplingParams(
+            t, top_k=k, top_p=p, max_new_tokens=3, stop_token_ids=(), seed=i, max_draft=cap
+        )
+        reqs.append(Request(PROMPT, params))
+    res = engine.generate(reqs)
+    ids = torch.tensor([r.token_ids for r in res])  # [N, 3]
+    return torch.bincount(ids[:, 0] * VOCAB**2 + ids[:, 1] * VOCAB + ids[:, 2], minlength=VOCAB**3)
+
+
+def _pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square p-value with cells of expected count < 5 pooled into one."""
+    n = counts.sum().item()
+    exp = probs * n
+    assert counts[probs == 0].sum() == 0, "sampled a sequence of probability zero"
+    big = exp >= 5
+    obs = torch.cat([counts[big].double(), counts[~big].double().sum().view(1)])
+    e = torch.cat([exp[big], exp[~big].sum().view(1)])
+    keep = e > 0
+    stat = ((obs[keep] - e[keep]) ** 2 / e[keep]).sum().item()
+    return _chi2_sf(stat, int(keep.sum()) - 1)
+
+
+N = 30_000
+
+
+@pytest.mark.parametrize("t,k,p", SETTINGS)
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
+def test_joint_distribution_of_three_tokens_matches_plain_decoding(target, drafter, t, k, p):
+    make = _drafters(target)[drafter]
+    engine = Engine(target, EngineConfig(max_batch=512), drafter=make(), depth=FixedDepth(3))
+    counts = _sample_joint(engine, N, t, k, p, mixed=True)
+    s = engine.stats
+    assert s.draft_tokens > N // 2  # speculation really happened, with both outcomes
+    assert s.acceptance_rate < 0.95  # rejections (residual draws) are exercised
+    if drafter == "draft_model":
+        assert s.acceptance_rate > 0.05  # and so are acceptances
+    assert _pvalue(counts, _exact_joint(target, t, k, p)) > 1e-4
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
+def test_the_same_test_fails_for_a_broken_verifier(target, drafter, monkeypatch):
+    """Recovered tokens drawn from p instead of the residual: a ~2-10% TV bias."""
+    monkeypatch.setattr(V, "residual_distribution", lambda p_, q_: p_)
+    make = _drafters(target)[drafter]
+    engine = Engine(target, EngineConfig(max_batch=512), drafter=make(), depth=FixedDepth(3))
+    counts = _sample_joint(engine, N, 1.0, 0, 1.0, mixed=False)
+    exact = _exact_joint(target, 1.0, 0, 1.0)
+    observed = counts.double() / counts.sum()
+    assert _pvalue(counts, exact) < 1e-6
+    assert 0.5 * (observed - exact).abs().sum() > 0.02  # the bias is at least 2% TV
+
+
+def test_oracle_draft_is_always_accepted(target):
+    """The target as its own draft at the same temperature: acceptance 1, k+1 per forward."""
+    for k in (1, 3, 5):
+        engine = Engine(target, drafter=DraftModelDrafter(target), depth=FixedDepth(k))
+        params = SamplingParams(1.0, max_new_tokens=1 + 8 * (k + 1), stop_token_ids=(), seed=1)
+        engine.generate([Request(PROMPT, params)] * 4)
+        s = engine.stats
+        assert s.acceptance_rate > 0.999
+        assert s.acceptance_length >= 0.98 * (k + 1)
+        assert s.tokens_per_forward >= 0.98 * (k + 1)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model", "oracle"])
+def test_greedy_is_token_identical_to_plain_decoding(target, drafter):
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 9, 14, 6)]
+    params = SamplingParams(0.0, max_new_tokens=40, stop_token_ids=())  # 64-token window
+    plain = Engine(target).generate([Request(q, params) for q in prompts])
+    for k in (1, 3, 5):
+        eng = Engine(target, EngineConfig(max_batch=3), _drafters(target)[drafter](), FixedDepth(k))
+        spec = eng.generate([Request(q, params) for q in prompts])
+        for a, b in zip(plain, spec, strict=True):
+            assert a.token_ids == b.token_ids
+            torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+
+
+def test_seeded_determinism_and_batch_permutation_invariance(target):
+    reqs = [
+        Request(
+            PROMPT[: 3 + i % 5], SamplingParams(1.0, max_new_tokens=20, seed=i, stop_token_ids=())
+        )
+        for i in range(12)
+    ]
+
+    def run(rs, max_batch):
+        eng = Engine(target, EngineConfig(max_batch=max_batch), DraftModelDrafter(_related(target)))
+        return [r.token_ids for r in eng.generate(rs)]
+
+    first = run(reqs, 12)
+    assert run(reqs, 12) == first
+    assert run(reqs, 5) == first  # slot reuse and compaction
+    assert run(list(reversed(reqs)), 7) == list(reversed(first))
+    # with per-request seeds, speculation draws the same tokens as ... itself alone
+    assert [run([r], 1)[0] for r in reqs[:3]] == first[:3]
+
+
+def test_stop_token_and_budget_inside_an_accepted_run(target):
+    params = SamplingParams(0.0, max_new_tokens=30, stop_token_ids=())
+    plain = Engine(target).generate([Request(PROMPT, params)])[0].token_ids
+    stop = plain[6]
+    cut = plain.index(stop) + 1
+    oracle = lambda: DraftModelDrafter(target)  # noqa: E731 - every draft is accepted
+    eng = Engine(target, drafter=oracle(), depth=FixedDepth(5))
+    r = eng.generate(
+        [Request(PROMPT, SamplingParams(0.0, max_new_tokens=30, stop_token_ids=(stop,)))]
+    )
+    assert r[0].token_ids == plain[:cut] and r[0].finish_reason == "stop"
+    for budget in (1, 2, 7, 11):
+        eng = Engine(target, drafter=oracle(), depth=FixedDepth(5))
+        p2 = SamplingParams(0.0, max_new_tokens=budget, stop_token_ids=())
+        r = eng.generate([Request(PROMPT, p2)])[0]
+        assert r.token_ids == plain[:budget] and r.finish_reason == "length"
+
+
+def test_context_limit_reached_mid_draft(target):
+    """A 60-token prompt in a 64-token window: 4 tokens, whatever k."""
+    prompt = (PROMPT * 8)[:60]
+    params = SamplingParams(0.0, max_new_tokens=20, stop_token_ids=())
+    plain = Engine(target).generate([Request(prompt, params)])[0]
+    assert plain.finish_reason == "context" and len(plain.token_ids) == 4
+    for k in (1, 3, 5):
+        eng = Engine(target, drafter=DraftModelDrafter(target), depth=FixedDepth(k))
+        r = eng.generate([Request(prompt, params), Request(PROMPT, params)])
+        assert r[0].token_ids == plain.token_ids and r[0].finish_reason == "context"
+
+
+def test_metrics_and_collapse_warning(target):
+    eng = Engine(target, drafter=DraftModelDrafter(_related(target)), depth=FixedDepth(3))
+    res = eng.generate([Request(PROMPT, SamplingParams(1.0, max_new_tokens=30, seed=0))])
+    s = eng.stats
+    assert s.draft_tokens == res[0].draft_tokens and s.accepted_tokens == res[0].accepted_tokens
+    assert s.emitted_tokens + 1 == len(res[0].token_ids)  # + the prefill token
+    assert 1.0 <= s.acceptance_length <= 4.0 and len(s.per_position) == 3
+    assert s.per_position == sorted(s.per_position, reverse=True)  # cumulative
+
+    # a drafter proposing a token the target never samples (top-k 1) collapses
+    class Stubborn(NgramDrafter):
+        name = "stubborn"
+
+        def propose(self, batch):
+            prop = super().propose(batch)
+            prop.tokens[:] = 0
+            prop.lengths = None
+            return prop
+
+    eng = Engine(target, drafter=Stubborn(), depth=FixedDepth(3))
+    greedy = SamplingParams(0.0, max_new_tokens=60, stop_token_ids=())
+    plain = Engine(target).generate([Request(PROMPT[:2], greedy)])[0].token_ids
+    if 0 not in plain:
+        with pytest.warns(RuntimeWarning, match="stubborn"):
+            eng.generate([Request(PROMPT[:2], greedy)] * 8)
