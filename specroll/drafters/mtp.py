@@ -1,0 +1,386 @@
+"""Multi-token-prediction (MTP) draft heads in the DeepSeek-V3 / Qwen3-Next form.
+
+Head i reads the target's state h_t and the next token x_{t+1} at position t and predicts
+x_{t+2}:
+
+    e = enorm(embed(x_{t+1}))     g = hnorm(h_t)     z = eh_proj(cat(e, g))   (2H → H)
+    y = Block(z)                  one target-shaped decoder layer with its own KV cache
+    logits = norm(y) @ head       the target's LM head (and, for fresh heads, its final norm)
+
+Models pretrained with MTP modules ship such a drafter for free; for the others a fresh
+head whose layer starts as a copy of the target's last layer is a cheap, good drafter.
+Used recursively (more draft tokens than heads), depth d runs head d % num_heads and the
+state it returns is fed back as h.
+
+The embedding, LM head (and shared final norm) are the target's, read through detached
+views: a draft loss can never move a policy parameter. The decoder layer reuses
+`specroll.model.transformer.Block`, so both call patterns of the target exist here too:
+full-sequence causal (training, `cache=None`) and incremental per-slot (engine).
+
+Native checkpoints (naming checked against vLLM `deepseek_mtp.py` / `qwen3_next_mtp.py`
+and transformers 5.x `MtpModel`): Qwen3-Next `mtp.{pre_fc_norm_embedding, pre_fc_norm_hidden,
+fc, norm}` (one set for all layers) + `mtp.layers.{i}.*`; DeepSeek-V3
+`model.layers.{L+i}.{enorm, hnorm, eh_proj, shared_head.norm}` + the layer tensors under
+the same prefix (`embed_tokens` / `shared_head.head` there are copies of the target's and
+are skipped). Both have a per-module final norm. Qwen3-Next norms are Gemma-style
+`x * (1 + w)`: `norm_offset` adds the 1. This file is the network and its weight I/O only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from specroll.model.config import ModelConfig
+from specroll.model.transformer import Block, KVCache, Rotary, Transformer, _mm, fold_mask
+from specroll.model.weights import _hf_names
+
+_MATRICES = ("eh_proj", "wqkv", "wo", "w_gate_up", "w_down")  # stored [in, out]; HF [out, in]
+
+
+@dataclass
+class MTPConfig:
+    """How many MTP heads a draft has and the shape of the decoder layer in each."""
+
+    num_heads_mtp: int = 1
+    """Number of MTP modules; draft depth d uses head d % num_heads_mtp."""
+    layer: ModelConfig = field(default_factory=ModelConfig)
+    """The target's shape, copied into each head's layer (num_layers = num_heads_mtp)."""
+    own_final_norm: bool = False
+    """Each head has its own final norm (native checkpoints); False = the target's norm."""
+    feed_back_normed: bool = False
+    """Returned state is after the final norm (Qwen3-Next in vLLM); False = before it."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layer, dict):
+            self.layer = ModelConfig(**self.layer)
+        if self.num_heads_mtp < 1:
+            raise ValueError(f"num_heads_mtp must be >= 1, got {self.num_heads_mtp}")
+        if self.layer.num_layers != self.num_heads_mtp:
+            raise ValueError(
+                f"layer.num_layers={self.layer.num_layers} must equal "
+                f"num_heads_mtp={self.num_heads_mtp} (one KV-cache layer per head)"
+            )
+
+    @classmethod
+    def for_target(cls, target_cfg: ModelConfig, num_mtp: int = 1, **kw: bool) -> MTPConfig:
+        """Heads whose decoder layer has the target's shape."""
+        return cls(num_mtp, replace(target_cfg, num_layers=num_mtp), **kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class MTPHead(nn.Module):
+    """One MTP module: fuse (embedding, target state), one decoder layer, norm + LM head."""
+
+    def __init__(self, cfg: MTPConfig) -> None:
+        super().__init__()
+        H = cfg.layer.hidden_size
+        self.eps = cfg.layer.rms_norm_eps
+        self.feed_back_normed = cfg.feed_back_normed
+        self.enorm = nn.Parameter(torch.ones(H))
+        self.hnorm = nn.Parameter(torch.ones(H))
+        self.eh_proj = nn.Parameter(torch.empty(2 * H, H))  # [2H, H], input-major, no bias
+        self.block = Block(cfg.layer)
+        self.final_norm = nn.Parameter(torch.ones(H)) if cfg.own_final_norm else None
+
+    def forward(
+        self,
+        emb: torch.Tensor,
+        hidden: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        layer_cache: tuple[torch.Tensor, torch.Tensor] | None,
+        cache_len: int,
+        shared_norm: torch.Tensor,
+        head: torch.Tensor,
+        head_packed: torch.Tensor | None = None,
+        logits_index: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """emb, hidden: [B, T, H] → (logits [B, n, V], state [B, T, H]); see MTPDraft."""
+        H = emb.shape[-1]
+        e = F.rms_norm(emb, (H,), self.enorm, self.eps)
+        g = F.rms_norm(hidden, (H,), self.hnorm, self.eps)
+        z = torch.cat([e, g], dim=-1) @ self.eh_proj  # [B, T, H] (embedding first)
+        y = self.block(z, pos, mask, rope, layer_cache, cache_len)  # [B, T, H]
+        w = shared_norm if self.final_norm is None else self.final_norm
+        yn = F.rms_norm(y, (H,), w, self.eps)
+        out = (
+            yn if logits_index is None else yn.gather(1, logits_index[..., None].expand(-1, -1, H))
+        )
+        return _mm(out, head, head_packed), (yn if self.feed_back_normed else y)
+
+
+class MTPDraft(nn.Module):
+    """MTP heads on top of a target whose embedding, LM head and final norm they share.
+
+    The target is held by reference, not as a submodule: it is not in `parameters()`,
+    `state_dict()` or `.to()`, and the draft only ever sees detached views of it.
+    """
+
+    def __init__(self, cfg: MTPConfig, target: Transformer) -> None:
+        super().__init__()
+        for name in ("hidden_size", "vocab_size"):
+            if (a := getattr(cfg.layer, name)) != (b := getattr(target.cfg, name)):
+                raise ValueError(f"MTP {name}={a} differs from the target's {b}")
+        self.cfg = cfg
+        self.heads = nn.ModuleList(MTPHead(cfg) for _ in range(cfg.num_heads_mtp))
+        self.rotary = Rotary(cfg.layer)
+        object.__setattr__(self, "target", target)  # bypass submodule registration
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.heads)
+
+    def new_cache(
+        self,
+        num_slots: int,
+        max_len: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> KVCache:
+        """A KV cache with one layer per head (row b ↔ slot b, like the target's)."""
+        p = self.heads[0].eh_proj
+        return KVCache(self.cfg.layer, num_slots, max_len, dtype or p.dtype, device or p.device)
+
+    def init_weights(
+        self, seed: int = 0, std: float = 0.02, from_last_layer: bool = False
+    ) -> MTPDraft:
+        """Fresh heads: matrices (and biases) normal(0, std), norms one, like the target;
+        with `from_last_layer` each head's decoder layer starts as the target's last one."""
+        g = torch.Generator().manual_seed(seed)
+        last = dict(self.target.layers[-1].named_parameters())
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                leaf = name.rsplit(".", 1)[-1]
+                if from_last_layer and ".block." in name:
+                    if last[leaf].shape != p.shape:
+                        raise ValueError(f"{name} {tuple(p.shape)} != target's last layer")
+                    p.copy_(last[leaf])
+                elif "norm" in leaf:
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, std, generator=g)
+        return self
+
+    def forward(
+        self,
+        i: int,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        slot_start: int = 0,
+        logits_index: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run head i % num_heads.
+
+        tokens: [B, T] ids x_{t+1}; hidden: [B, T, H] the state h_t at the same positions
+        (for native heads the target's last layer after its final norm, as vLLM and
+        transformers feed it; at depth > 0 the state this method returned). positions:
+        [B] start position of each row (engine mode, with `cache`; None = all start at 0).
+        Key j is visible to query t of row b iff j <= positions[b] + t; row b uses cache
+        slot slot_start + b. logits_index: [B, n] indices into T that need logits.
+        Returns (logits [B, n, V] with n = T unless logits_index, state [B, T, H]).
+        """
+        lc_cfg = self.cfg.layer
+        B, T = tokens.shape
+        dev = tokens.device
+        j = i % self.num_heads
+        start = torch.zeros(B, dtype=torch.long, device=dev) if positions is None else positions
+        pos = start.unsqueeze(1) + torch.arange(T, device=dev)  # [B, T]
+        if cache is None:
+            cache_len, layer_cache = T, None
+        else:
+            cache_len = int(start.max()) + T
+            if cache.k.shape[0] != self.num_heads:
+                raise ValueError(f"cache has {cache.k.shape[0]} layers, need {self.num_heads}")
+            if cache_len > cache.max_len or slot_start + B > cache.num_slots:
+                raise ValueError(
+                    f"batch needs slots up to {slot_start + B} x {cache_len} positions; "
+                    f"the cache has {cache.num_slots} x {cache.max_len}"
+                )
+            rows = slice(slot_start, slot_start + B)
+            layer_cache = (cache.k[j, rows], cache.v[j, rows])
+        if int(pos.max()) >= lc_cfg.max_position_embeddings:
+            raise ValueError(f"position {int(pos.max())} exceeds the context window")
+        kpos = torch.arange(cache_len, device=dev)
+        mask = kpos.view(1, 1, -1) <= pos.unsqueeze(-1)  # [B, T, Lk]
+        mask = fold_mask(mask, lc_cfg.num_heads // lc_cfg.num_kv_heads)  # [B, 1, g*T, Lk]
+        t = self.target
+        packed = t.packed_weights()  # the LM head prepacked for grad-free CPU forwards
+        return self.heads[j](
+            t.embed_tokens(tokens).detach(),
+            hidden,
+            pos,
+            mask,
+            self.rotary(pos),
+            layer_cache,
+            cache_len,
+            t.norm.detach(),
+            t.head_weight.detach(),
+            packed[-1]["head"] if packed else None,
+            logits_index,
+        )
+
+
+# ---------------------------------------------------------------------------- weight I/O
+
+
+def save_mtp(draft: MTPDraft, out_dir: str | Path) -> Path:
+    """Write config.json + mtp.safetensors (the heads only; the target is not copied)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
+    save_file(tensors, out_dir / "mtp.safetensors", metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(draft.cfg.to_dict(), indent=2))
+    return out_dir
+
+
+def _fill(draft: MTPDraft, state: dict[str, torch.Tensor], where: object) -> MTPDraft:
+    expected = dict(draft.named_parameters())
+    for name, p in expected.items():
+        if name not in state:
+            raise ValueError(f"weights in {where} lack tensor {name!r}")
+        if state[name].shape != p.shape:
+            raise ValueError(
+                f"tensor {name!r} in {where} has shape {tuple(state[name].shape)}, "
+                f"expected {tuple(p.shape)}"
+            )
+    if extra := sorted(set(state) - set(expected)):
+        raise ValueError(f"unexpected tensors in {where}: {extra[:5]}")
+    with torch.no_grad():
+        for name, p in expected.items():
+            p.copy_(state[name])
+    return draft
+
+
+def load_mtp(model_dir: str | Path, target: Transformer) -> MTPDraft:
+    """Load heads written by `save_mtp` on top of `target`."""
+    model_dir = Path(model_dir)
+    try:
+        cfg = MTPConfig(**json.loads((model_dir / "config.json").read_text()))
+        state = load_file(model_dir / "mtp.safetensors")
+    except (OSError, json.JSONDecodeError, TypeError, SafetensorError) as e:
+        raise ValueError(f"{model_dir} is not a specroll MTP directory: {e}") from e
+    return _fill(MTPDraft(cfg, target), state, model_dir)
+
+
+def _sizes(cfg: ModelConfig, ours: str, n: int) -> list[int]:
+    """How HF splits the rows ([out, in] layout) of our fused parameter `ours`."""
+    if ours in ("wqkv", "bqkv"):
+        return [cfg.q_size, cfg.kv_size, cfg.kv_size]
+    return [cfg.intermediate_size] * 2 if ours == "w_gate_up" else [n]
+
+
+def _native_names(naming: str, cfg: MTPConfig, L: int) -> dict[str, list[str]]:
+    """Our parameter → the HF tensors it is made of, in concatenation order."""
+    plan: dict[str, list[str]] = {}
+    for i in range(cfg.num_heads_mtp):
+        if naming == "qwen3_next":  # fc and the three norms are shared by all mtp.layers
+            own = ["mtp." + s for s in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc")]
+            own.append("mtp.norm")
+            layer = {
+                k: [s.replace("model.", "mtp.", 1) for s in v]
+                for k, v in _hf_names(cfg.layer, i).items()
+            }
+        else:
+            p = f"model.layers.{L + i}."
+            own = [p + s for s in ("enorm", "hnorm", "eh_proj", "shared_head.norm")]
+            layer = _hf_names(cfg.layer, L + i)
+        for ours, theirs in zip(("enorm", "hnorm", "eh_proj", "final_norm"), own, strict=True):
+            plan[f"heads.{i}.{ours}"] = [theirs + ".weight"]
+        plan.update({f"heads.{i}.block.{k}": v for k, v in layer.items()})
+    return plan
+
+
+def load_native_mtp(
+    model_dir: str | Path,
+    target: Transformer,
+    naming: str = "auto",
+    norm_offset: float | None = None,
+) -> MTPDraft:
+    """Native MTP heads from a HF checkpoint dir (safetensors only).
+
+    naming: "qwen3_next", "deepseek_v3" or "auto" (by which tensors exist); the number of
+    heads is read from the tensor names. norm_offset is added to every norm weight; None
+    = 1.0 when config.json says qwen3_next / qwen3_5 (Gemma-style norms), else 0.0.
+    """
+    model_dir = Path(model_dir)
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir} has no *.safetensors weight files")
+    handles, where = {}, {}  # file → reader; tensor name → file
+    for f in files:
+        try:
+            handles[f] = safe_open(f, "pt")
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"weight file {f} is corrupt or unreadable: {e}") from e
+        where.update(dict.fromkeys(handles[f].keys(), f))
+    L = target.cfg.num_layers
+    if naming == "auto":
+        if any(k.startswith("mtp.") for k in where):
+            naming = "qwen3_next"
+        elif f"model.layers.{L}.eh_proj.weight" in where:
+            naming = "deepseek_v3"
+        else:
+            raise ValueError(f"{model_dir} has no native MTP tensors (mtp.* or layers.{L}.*)")
+    if naming == "qwen3_next":
+        idx = [int(m.group(1)) for k in where if (m := re.match(r"mtp\.layers\.(\d+)\.", k))]
+        n = max(idx, default=0) + 1
+    elif naming == "deepseek_v3":
+        n = 1
+        while f"model.layers.{L + n}.eh_proj.weight" in where:
+            n += 1
+    else:
+        raise ValueError(f"naming={naming!r}; allowed: auto, qwen3_next, deepseek_v3")
+    cfg = MTPConfig.for_target(
+        target.cfg, n, own_final_norm=True, feed_back_normed=naming == "qwen3_next"
+    )
+    draft = MTPDraft(cfg, target)
+    if norm_offset is None:
+        hf_cfg = model_dir / "config.json"
+        mt = json.loads(hf_cfg.read_text()).get("model_type", "") if hf_cfg.is_file() else ""
+        norm_offset = 1.0 if mt.startswith(("qwen3_next", "qwen3_5")) else 0.0
+
+    plan = _native_names(naming, cfg, L)
+    params = dict(draft.named_parameters())
+    state: dict[str, torch.Tensor] = {}
+    for ours, theirs in plan.items():
+        leaf, p = ours.rsplit(".", 1)[-1], params[ours]
+        ref = p.T if leaf in _MATRICES else p  # the fused parameter in HF layout
+        parts = []
+        for name, size in zip(theirs, _sizes(cfg.layer, leaf, ref.shape[0]), strict=True):
+            if name not in where:
+                raise ValueError(f"weights in {model_dir} lack tensor {name!r}")
+            t = handles[where[name]].get_tensor(name)
+            if tuple(t.shape) != (want := (size, *ref.shape[1:])):
+                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {want}")
+            parts.append(t.to(p.dtype))
+        t = torch.cat(parts, dim=0)
+        if leaf in _MATRICES:
+            t = t.T
+        elif "norm" in leaf:
+            t = t + norm_offset
+        state[ours] = t
+
+    used = {s for v in plan.values() for s in v}
+    if naming == "qwen3_next":
+        extra = [k for k in where if k.startswith("mtp.") and k not in used]
+    else:  # any other tensor of a layer >= L, except DeepSeek's copies of the target's
+        skip = (".embed_tokens.weight", ".shared_head.head.weight")
+        ds = [(k, re.match(r"model\.layers\.(\d+)\.", k)) for k in where if k not in used]
+        extra = [k for k, m in ds if m and int(m.group(1)) >= L and not k.endswith(skip)]
+    if extra:
+        raise ValueError(f"unexpected MTP tensors in {model_dir}: {sorted(extra)[:5]}")
+    return _fill(draft, state, model_dir)
