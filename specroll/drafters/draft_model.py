@@ -39,7 +39,8 @@ class DraftModelDrafter(Drafter):
         self.dpos = torch.zeros(self.cache.num_slots, dtype=torch.long)
 
     @torch.inference_mode()
-    def prefill(self, start: int, prompts: list[list[int]], hidden) -> None:
+    def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
+        prompts = [q[:-1] for q in seqs]  # the first generated token is `last`, not cached
         width = max(len(p) for p in prompts)
         tokens = torch.zeros(len(prompts), width, dtype=torch.long)
         for r, p in enumerate(prompts):
@@ -75,7 +76,7 @@ class DraftModelDrafter(Drafter):
         self._proposed = (batch.pos.clone(), k)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
 
-    def commit(self, B, pos_before, num_new, hidden) -> None:
+    def commit(self, B, pos_before, num_new, hidden, history) -> None:
         if self._proposed is None:
             return  # nothing drafted this step: the cache catches up at the next proposal
         pos, k = self._proposed

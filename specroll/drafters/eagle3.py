@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specroll.drafters.base import FeatureDrafter
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import (
     KVCache,
@@ -403,3 +404,32 @@ def load_eagle3(
         head.d2t.copy_(g["d2t"].long())
         head.t2d.copy_(g["t2d"].bool())
     return head
+
+
+# ---------------------------------------------------------------------- drafter
+
+
+class Eagle3Drafter(FeatureDrafter):
+    """EAGLE-3 in the engine: pairs (fused target feature h_t, token x_{t+1}) → x_{t+2};
+    recursive drafting feeds back the head's prenorm hidden state."""
+
+    name = "eagle3"
+
+    def __init__(self, head: Eagle3Head, version: int = 0) -> None:
+        super().__init__(version)
+        self.head = head.eval()
+        self.hidden_layers = tuple(head.cfg.aux_layers)
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        return self.head.new_cache(num_slots, max_len)
+
+    def features(self, hidden: dict[int, torch.Tensor], width: int) -> torch.Tensor:
+        return self.head.fuse([hidden[i][:, :width] for i in self.hidden_layers])
+
+    def run(self, depth, tokens, feats, positions, slot_start=0):
+        return self.head(
+            tokens, feats, positions=positions, cache=self.cache, slot_start=slot_start
+        )
+
+    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.head.to_target_logits(logits)

@@ -39,6 +39,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specroll.drafters.base import FeatureDrafter
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Block, KVCache, Rotary, Transformer, _mm, fold_mask
 from specroll.model.weights import _hf_names
@@ -384,3 +385,34 @@ def load_native_mtp(
     if extra:
         raise ValueError(f"unexpected MTP tensors in {model_dir}: {sorted(extra)[:5]}")
     return _fill(draft, state, model_dir)
+
+
+class MTPDrafter(FeatureDrafter):
+    """MTP heads in the engine: pairs (target's normed last hidden state h_t, x_{t+1}) →
+    x_{t+2} through head 0, then recursively through heads 1, 2, ... (cycling).
+
+    Committed pairs are fed to head 0 from the target's states after every verification.
+    Heads >= 1 see only the recursive states of the current proposal (their caches are
+    not back-filled along committed positions); with the default single head this is the
+    complete DeepSeek-V3 scheme.
+    """
+
+    name = "mtp"
+
+    def __init__(self, draft: MTPDraft, version: int = 0) -> None:
+        super().__init__(version)
+        self.draft = draft.eval()
+        self.hidden_layers = (draft.target.cfg.num_layers,)
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        return self.draft.new_cache(num_slots, max_len)
+
+    def features(self, hidden: dict[int, torch.Tensor], width: int) -> torch.Tensor:
+        t = self.draft.target
+        h = hidden[self.hidden_layers[0]][:, :width]  # [n, width, H] before the final norm
+        return F.rms_norm(h, (h.shape[-1],), t.norm, t.cfg.rms_norm_eps)
+
+    def run(self, depth, tokens, feats, positions, slot_start=0):
+        return self.draft(
+            depth, tokens, feats, positions=positions, cache=self.cache, slot_start=slot_start
+        )

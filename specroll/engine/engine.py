@@ -213,16 +213,17 @@ class Engine:
                 slot_start=start + i,
             )
             self.stats.target_s += time.perf_counter() - t
-            if self.drafter is not None:
-                t = time.perf_counter()
-                self.drafter.prefill(start + i, group, out.hidden)
-                self.stats.draft_s += time.perf_counter() - t
             # the last prompt token plays the role of `last` (scored, entering the cache)
             st.pos[rows] = lengths - 1
             st.last[rows] = tokens[torch.arange(len(group)), lengths - 1]
             none = torch.zeros(len(group), dtype=torch.long)
             ctx = self.model.cfg.max_position_embeddings
             self._accept(st, rows, out.logits, none, None, ctx, observe=False)
+            if self.drafter is not None:
+                t = time.perf_counter()
+                seqs = [p + [int(st.last[start + i + r])] for r, p in enumerate(group)]
+                self.drafter.prefill(start + i, seqs, out.hidden)
+                self.stats.draft_s += time.perf_counter() - t
             i = j
 
     def _step(self, st: _Slots, B: int, ctx: int) -> int:
@@ -268,7 +269,7 @@ class Engine:
         emitted = self._accept(st, rows, out.logits, num_draft, (drafts, probs), ctx)
         if self.drafter is not None:
             t = time.perf_counter()
-            self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, out.hidden)
+            self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, out.hidden, st.history)
             self.stats.draft_s += time.perf_counter() - t
         return emitted
 
