@@ -100,7 +100,14 @@ def cmd_generate(args: argparse.Namespace) -> None:
     )
     texts = _read_prompts(args) * args.samples
     model, tok = load_policy(args.model)
-    engine = Engine(model, EngineConfig(max_batch=args.batch, seed=args.seed))
+    drafter = depth = None
+    if args.drafter:
+        from specroll.drafters.build import build_drafter
+        from specroll.engine.depth import FixedDepth
+
+        drafter = build_drafter(args.drafter, model)
+        depth = FixedDepth(k=args.k, max_batch=args.spec_max_batch)
+    engine = Engine(model, EngineConfig(max_batch=args.batch, seed=args.seed), drafter, depth)
     requests = [Request(tok.encode_prompt(t, chat=not args.raw), params) for t in texts]
     budget = sum(r.params.max_new_tokens for r in requests)
     with _progress() as bar:
@@ -131,6 +138,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
         f"[bold]{n_tok}[/] tokens (budget {budget}) in {wall:.1f}s: "
         f"[bold green]{n_tok / wall:.1f} tok/s[/] at batch {min(args.batch, len(requests))}"
     )
+    if drafter is not None:
+        s = engine.stats
+        console.print(
+            f"drafter {drafter.name}: acceptance length {s.acceptance_length:.2f}, "
+            f"per position {[round(x, 2) for x in s.per_position]}, "
+            f"{s.tokens_per_forward:.2f} tokens per target forward"
+        )
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> None:
@@ -173,6 +187,52 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
         print(json.dumps(report))
 
 
+def cmd_bench_spec(args: argparse.Namespace) -> None:
+    from specroll.engine.bench import bench_spec
+
+    model, tok = load_policy(args.model)
+    report = bench_spec(
+        model,
+        tok,
+        drafters=args.drafters.split(","),
+        batches=[int(b) for b in args.batches.split(",")],
+        ks=[int(k) for k in args.k.split(",")],
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        temperature=args.temperature,
+        log=lambda m: console.print(m, markup=False, highlight=False),
+    )
+    table = Table(title=f"speculative decoding (T={args.temperature}, medians)")
+    cols = (
+        "drafter",
+        "batch",
+        "k",
+        "AL",
+        "tok/fwd",
+        "AR tok/s",
+        "spec tok/s",
+        "speedup",
+        "overhead",
+    )
+    for col in cols:
+        table.add_column(col, justify="right")
+    for r in report["rows"]:
+        table.add_row(
+            r["drafter"],
+            str(r["batch"]),
+            str(r["k"]),
+            f"{r['acceptance_length']:.2f}",
+            f"{r['tokens_per_target_forward']:.2f}",
+            f"{r['ar_tok_s']:.1f}",
+            f"{r['spec_tok_s']:.1f}",
+            f"{r['speedup']:.2f}",
+            f"{r['overhead_frac']:.3f}",
+        )
+    console.print(table)
+    if args.json:
+        print(json.dumps(report))
+
+
 # ---------------------------------------------------------------------- parser
 
 
@@ -199,6 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--batch", type=int, default=16, help="max concurrent requests")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", help="write JSONL here instead of printing")
+    gen.add_argument(
+        "--drafter",
+        help="speculative decoding: ngram, self, draft:PATH, "
+        "eagle3:PATH or mtp:PATH (default: plain decoding)",
+    )
+    gen.add_argument("--k", type=int, default=3, help="draft tokens per iteration")
+    gen.add_argument(
+        "--spec-max-batch",
+        type=int,
+        default=1 << 30,
+        help="decode without speculation above this many active rows",
+    )
     gen.set_defaults(func=cmd_generate)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what")
@@ -212,6 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     be.add_argument("--json", action="store_true", help="end with one JSON line")
     be.set_defaults(func=cmd_bench_engine)
+    bs = bench.add_parser("spec", help="speculative vs plain decoding, same prompts and seeds")
+    bs.add_argument("--model", default="smollm2")
+    bs.add_argument("--drafters", default="ngram,self", help="comma list: ngram, self, ...")
+    bs.add_argument("--batches", default="1,4,16")
+    bs.add_argument("--k", default="1,3,5")
+    bs.add_argument("--new-tokens", type=int, default=128)
+    bs.add_argument("--temperature", type=float, default=1.0)
+    bs.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
+    bs.add_argument("--json", action="store_true", help="end with one JSON line")
+    bs.set_defaults(func=cmd_bench_spec)
     return p
 
 

@@ -146,3 +146,78 @@ def bench_engine(
         "rows": rows,
         "verify_cost": vc,
     }
+
+
+def bench_spec(
+    model: Transformer,
+    tok,
+    drafters: list[str],
+    batches: list[int],
+    ks: list[int],
+    new_tokens: int = 128,
+    repeats: int = 3,
+    temperature: float = 1.0,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Speculative vs plain decoding on the same prompts and seeds, in this process.
+
+    Every request generates exactly `new_tokens` (stop tokens off) so both modes do the
+    same work; each point is the median of `repeats` interleaved runs. overhead_frac is
+    the share of wall time outside the draft and target forwards (verification,
+    sampling, bookkeeping).
+    """
+    from specroll.drafters.build import build_drafter
+    from specroll.engine.depth import FixedDepth
+
+    rows = []
+    for B in batches:
+        texts = [BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)] for i in range(B)]
+        params = [
+            SamplingParams(temperature, max_new_tokens=new_tokens, stop_token_ids=(), seed=i)
+            for i in range(B)
+        ]
+        reqs = [Request(tok.encode_prompt(t), p) for t, p in zip(texts, params, strict=True)]
+        plain = Engine(model, EngineConfig(max_batch=B))
+        plain.generate(reqs[:1])  # warm-up
+        engines = {
+            (d, k): Engine(model, EngineConfig(max_batch=B), build_drafter(d, model), FixedDepth(k))
+            for d in drafters
+            for k in ks
+        }
+        times: dict = {key: [] for key in [None, *engines]}
+        stats: dict = {}
+        for _ in range(repeats):
+            times[None].append(_median_time(1, plain.generate, reqs))
+            for key, eng in engines.items():
+                times[key].append(_median_time(1, eng.generate, reqs))
+                stats.setdefault(key, []).append(eng.stats)
+        ar_tok_s = B * new_tokens / statistics.median(times[None])
+        for d, k in engines:
+            spec_s = statistics.median(times[(d, k)])
+            ss = stats[(d, k)]
+            overhead = statistics.median(s.other_s / s.total_s for s in ss)
+            row = {
+                "drafter": d,
+                "batch": B,
+                "k": k,
+                "acceptance_length": round(statistics.median(s.acceptance_length for s in ss), 3),
+                "per_position": ss[-1].summary()["per_position"],
+                "tokens_per_target_forward": round(
+                    statistics.median(s.tokens_per_forward for s in ss), 3
+                ),
+                "ar_tok_s": round(ar_tok_s, 2),
+                "spec_tok_s": round(B * new_tokens / spec_s, 2),
+                "speedup": round(statistics.median(times[None]) / spec_s, 3),
+                "overhead_frac": round(overhead, 4),
+                "draft_frac": round(statistics.median(s.draft_s / s.total_s for s in ss), 4),
+            }
+            log(f"{row}")
+            rows.append(row)
+    return {
+        "bench": "spec",
+        "new_tokens": new_tokens,
+        "temperature": temperature,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+    }
