@@ -36,7 +36,6 @@ from specroll.engine.request import Request, Result
 from specroll.model.transformer import KVCache, Transformer
 from specroll.spec import rng
 from specroll.spec.metrics import CollapseDetector, SpecStats
-from specroll.spec.sampling import token_logprobs
 from specroll.spec.verify import verify
 
 _NONE, _STOP, _LENGTH, _CONTEXT = 0, 1, 2, 3
@@ -322,7 +321,7 @@ class Engine:
             _STOP,
             torch.where(budget <= count, _LENGTH, torch.where(room <= count, _CONTEXT, _NONE)),
         )
-        lp = token_logprobs(logits, temp, out)  # [n, K+1]
+        lp = ver.logprobs  # [n, K+1]
         keep = col < count.unsqueeze(1)
         r, c = keep.nonzero(as_tuple=True)
         st.tokens[rows[r], idx[r, c]] = out[r, c]

@@ -19,19 +19,25 @@ import torch
 NEG_INF = float("-inf")
 
 
-def processed_logits(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
-    """Apply temperature, top-k and top-p per row; excluded tokens get -inf.
+def temper(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """fp32 logits / T per row (T = 1 for greedy rows); no copy when every T is 1.
 
-    logits: [B, V] (or [B, n, V], parameters broadcast over n); temperature: [B] (rows
-    with 0 are treated as T = 1 here, callers take the argmax); top_k: [B] int (0 = off);
-    top_p: [B] in (0, 1] (1 = off). Returns fp32 logits of the same shape.
+    logits: [B, V] or [B, n, V]; temperature: [B].
     """
     x = logits.float()
-    extra = x.dim() - 2
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
-    x = x / t.view(-1, *[1] * (extra + 1))
+    if bool((t == 1).all()):
+        return x
+    return x / t.view(-1, *[1] * (x.dim() - 1))
+
+
+def truncate(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-k then top-p per row on tempered logits; excluded tokens get -inf.
+
+    x: [B, V] or [B, n, V]; top_k: [B] int (0 = off); top_p: [B] in (0, 1] (1 = off).
+    Returns `x` itself when neither is active in any row.
+    """
+    extra = x.dim() - 2
     V = x.shape[-1]
     need_k = bool((top_k > 0).any()) and bool((top_k < V).any())
     need_p = bool((top_p < 1).any())
@@ -49,6 +55,18 @@ def processed_logits(
     keep[..., 0] = True  # the most likely token always survives
     mask = torch.zeros_like(keep).scatter(-1, order, keep)
     return x.masked_fill(~mask, NEG_INF)
+
+
+def processed_logits(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Apply temperature, top-k and top-p per row; excluded tokens get -inf.
+
+    logits: [B, V] (or [B, n, V], parameters broadcast over n); temperature: [B] (rows
+    with 0 are treated as T = 1 here, callers take the argmax); top_k: [B] int (0 = off);
+    top_p: [B] in (0, 1] (1 = off). Returns fp32 logits of the same shape.
+    """
+    return truncate(temper(logits, temperature), top_k, top_p)
 
 
 def probs_from_logits(
@@ -94,9 +112,8 @@ def token_logprobs(
 ) -> torch.Tensor:
     """log_softmax(logits / T)[ids] in fp32 (T = 1 for greedy rows).
 
-    logits: [B, V] or [B, n, V]; ids: [B] or [B, n].
+    logits: [B, V] or [B, n, V]; ids: [B] or [B, n]. Computed as x[id] − logsumexp(x),
+    which never materialises the full log-softmax.
     """
-    x = logits.float()
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
-    x = x / t.view(-1, *[1] * (x.dim() - 1))
-    return x.log_softmax(dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    x = temper(logits, temperature)
+    return x.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - x.logsumexp(dim=-1)

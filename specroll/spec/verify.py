@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specroll.spec.sampling import probs_from_logits, sample_from_probs
+from specroll.spec.sampling import sample_from_probs, temper, truncate
 
 RESIDUAL_EPS = 1e-12
 """Residual mass below which the recovered token is drawn from p itself."""
@@ -39,6 +39,8 @@ class VerifyOutput:
     """[B] accepted drafts (0..num_draft)."""
     accepted: torch.Tensor
     """[B, kmax] bool: draft i was accepted (cumulative: implies all before it were)."""
+    logprobs: torch.Tensor
+    """[B, kmax + 1] log_softmax(logits / T) of each emitted token (untruncated, fp32)."""
 
     @property
     def num_emitted(self) -> torch.Tensor:
@@ -75,8 +77,11 @@ def verify(
     x = torch.where(in_draft, draft_tokens, torch.zeros_like(draft_tokens)).clamp(0, V - 1)
     greedy = temperature <= 0
 
-    p = probs_from_logits(target_logits, temperature, top_k, top_p)  # [B, K+1, V] fp32
-    px = p[:, :K].gather(-1, x.unsqueeze(-1)).squeeze(-1).double()  # [B, K]
+    # p only where it is needed: at each draft token, and one full row at the stop point
+    tempered = temper(target_logits, temperature)  # [B, K+1, V] fp32
+    x_all = truncate(tempered, top_k, top_p)  # processed logits (same tensor if no top-k/p)
+    lse = x_all.logsumexp(dim=-1)  # [B, K+1]
+    px = (x_all[:, :K].gather(-1, x.unsqueeze(-1)).squeeze(-1) - lse[:, :K]).exp().double()
     if draft_probs is None:
         qx = torch.ones_like(px)
     else:
@@ -89,7 +94,7 @@ def verify(
     n = accepted.sum(dim=1)  # [B]
 
     # the one distribution each row samples its last token from
-    dist = p[rows, n]  # [B, V]: bonus (n == num_draft) or target at the rejection
+    dist = (x_all[rows, n] - lse[rows, n].unsqueeze(1)).exp()  # [B, V] processed target p
     rejected = n < num_draft
     if bool(rejected.any()):
         j = n.clamp(max=max(K - 1, 0))
@@ -105,7 +110,9 @@ def verify(
     tokens = torch.full((B, K1), -1, dtype=torch.long, device=dev)
     tokens[:, :K] = torch.where(accepted, x, tokens[:, :K])
     tokens[rows, n] = last
-    return VerifyOutput(tokens=tokens, num_accepted=n, accepted=accepted)
+    lse_t = lse if x_all is tempered else tempered.logsumexp(dim=-1)
+    lp = tempered.gather(-1, tokens.clamp(min=0).unsqueeze(-1)).squeeze(-1) - lse_t
+    return VerifyOutput(tokens=tokens, num_accepted=n, accepted=accepted, logprobs=lp)
 
 
 def acceptance_ratio(px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
