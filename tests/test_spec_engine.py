@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import specroll.spec.verify as V
+from specroll.drafters.base import Proposal
 from specroll.drafters.draft_model import DraftModelDrafter
 from specroll.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
 from specroll.drafters.mtp import MTPConfig, MTPDraft, MTPDrafter
@@ -124,6 +125,15 @@ def _pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
 N = 30_000
 
 
+def _shifted(probs: torch.Tensor, tv: float) -> torch.Tensor:
+    """probs with `tv` mass moved from the likeliest cell to the second likeliest."""
+    out = probs.clone()
+    a, b = probs.argsort(descending=True)[:2]
+    out[a] -= tv
+    out[b] += tv
+    return out
+
+
 @pytest.mark.parametrize("t,k,p", SETTINGS)
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model", "eagle3", "mtp"])
 def test_joint_distribution_of_three_tokens_matches_plain_decoding(target, drafter, t, k, p):
@@ -135,7 +145,11 @@ def test_joint_distribution_of_three_tokens_matches_plain_decoding(target, draft
     assert s.acceptance_rate < 0.95  # rejections (residual draws) are exercised
     if drafter == "draft_model":
         assert s.acceptance_rate > 0.05  # and so are acceptances
-    assert _pvalue(counts, _exact_joint(target, t, k, p)) > 1e-4
+    exact = _exact_joint(target, t, k, p)
+    assert _pvalue(counts, exact) > 1e-4
+    # power: these counts reject a distribution 2% TV away (mass moved between the two
+    # likeliest sequences), so a verifier bug of that size would fail this test
+    assert _pvalue(counts, _shifted(exact, 0.02)) < 1e-4
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
@@ -242,19 +256,19 @@ def test_metrics_and_collapse_warning(target):
     assert 1.0 <= s.acceptance_length <= 4.0 and len(s.per_position) == 3
     assert s.per_position == sorted(s.per_position, reverse=True)  # cumulative
 
-    # a drafter proposing a token the target never samples (top-k 1) collapses
+    # a drafter that always proposes a token greedy decoding (almost) never emits
+    greedy = SamplingParams(0.0, max_new_tokens=60, stop_token_ids=())
+    plain = Engine(target).generate([Request(PROMPT[:2], greedy)])[0].token_ids
+    counts = torch.bincount(torch.tensor(plain), minlength=VOCAB)
+    rare = int(counts.argmin())
+    assert counts[rare] / len(plain) < 0.02
+
     class Stubborn(NgramDrafter):
         name = "stubborn"
 
         def propose(self, batch):
-            prop = super().propose(batch)
-            prop.tokens[:] = 0
-            prop.lengths = None
-            return prop
+            return Proposal(torch.full((batch.last.shape[0], batch.k), rare), None)
 
     eng = Engine(target, drafter=Stubborn(), depth=FixedDepth(3))
-    greedy = SamplingParams(0.0, max_new_tokens=60, stop_token_ids=())
-    plain = Engine(target).generate([Request(PROMPT[:2], greedy)])[0].token_ids
-    if 0 not in plain:
-        with pytest.warns(RuntimeWarning, match="stubborn"):
-            eng.generate([Request(PROMPT[:2], greedy)] * 8)
+    with pytest.warns(RuntimeWarning, match="stubborn.*version 0"):
+        eng.generate([Request(PROMPT[:2], greedy)] * 8)

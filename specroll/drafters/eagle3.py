@@ -39,7 +39,7 @@ from specroll.model.transformer import (
     _pack,
     apply_rotary,
     attention,
-    fold_mask,
+    attention_layout,
 )
 
 Embed = Callable[[torch.Tensor], torch.Tensor]
@@ -225,30 +225,11 @@ class Eagle3Head(nn.Module):
         cfg, c = self.cfg, self.cfg.layer
         B, T = tokens.shape
         dev = tokens.device
-        start = torch.zeros(B, dtype=torch.long, device=dev) if positions is None else positions
-        pos = start.unsqueeze(1) + torch.arange(T, device=dev)  # [B, T]
-        if int(pos.max()) >= cfg.max_position_embeddings:
-            raise ValueError(
-                f"position {int(pos.max())} exceeds max_position_embeddings="
-                f"{cfg.max_position_embeddings}"
-            )
-        if cache is None:
-            cache_len = T
-            local = torch.arange(T, device=dev)
-            mask = (local.view(1, -1) <= local.view(-1, 1)).expand(B, T, T)  # [B, T, T]
-        else:
-            cache_len = int(start.max()) + T
+        if cache is not None:
             shape = (1, cache.num_slots, c.num_kv_heads, cache.max_len, c.head_dim)
             if tuple(cache.k.shape) != shape:
                 raise ValueError(f"cache shape {tuple(cache.k.shape)} is not this head's")
-            if cache_len > cache.max_len or slot_start + B > cache.num_slots:
-                raise ValueError(
-                    f"batch needs slots up to {slot_start + B} x {cache_len} positions; the "
-                    f"cache has {cache.num_slots} x {cache.max_len}"
-                )
-            kpos = torch.arange(cache_len, device=dev)
-            mask = kpos.view(1, 1, -1) <= pos.unsqueeze(-1)  # [B, T, Lk]
-        mask = fold_mask(mask, c.num_heads // c.num_kv_heads)  # [B, 1, g*T, Lk]
+        pos, mask, cache_len = attention_layout(c, tokens, positions, cache, slot_start)
         cos, sin = self.rotary(pos)  # [B, T, 1, hd] each
         pk = self._packed_weights() or {}
         eps = cfg.rms_norm_eps

@@ -41,7 +41,7 @@ from torch import nn
 
 from specroll.drafters.base import FeatureDrafter
 from specroll.model.config import ModelConfig
-from specroll.model.transformer import Block, KVCache, Rotary, Transformer, _mm, fold_mask
+from specroll.model.transformer import Block, KVCache, Rotary, Transformer, _mm, attention_layout
 from specroll.model.weights import _hf_names
 
 _MATRICES = ("eh_proj", "wqkv", "wo", "w_gate_up", "w_down")  # stored [in, out]; HF [out, in]
@@ -196,28 +196,14 @@ class MTPDraft(nn.Module):
         """
         lc_cfg = self.cfg.layer
         B, T = tokens.shape
-        dev = tokens.device
         j = i % self.num_heads
-        start = torch.zeros(B, dtype=torch.long, device=dev) if positions is None else positions
-        pos = start.unsqueeze(1) + torch.arange(T, device=dev)  # [B, T]
-        if cache is None:
-            cache_len, layer_cache = T, None
-        else:
-            cache_len = int(start.max()) + T
-            if cache.k.shape[0] != self.num_heads:
-                raise ValueError(f"cache has {cache.k.shape[0]} layers, need {self.num_heads}")
-            if cache_len > cache.max_len or slot_start + B > cache.num_slots:
-                raise ValueError(
-                    f"batch needs slots up to {slot_start + B} x {cache_len} positions; "
-                    f"the cache has {cache.num_slots} x {cache.max_len}"
-                )
+        if cache is not None and cache.k.shape[0] != self.num_heads:
+            raise ValueError(f"cache has {cache.k.shape[0]} layers, need {self.num_heads}")
+        pos, mask, cache_len = attention_layout(lc_cfg, tokens, positions, cache, slot_start)
+        layer_cache = None
+        if cache is not None:
             rows = slice(slot_start, slot_start + B)
             layer_cache = (cache.k[j, rows], cache.v[j, rows])
-        if int(pos.max()) >= lc_cfg.max_position_embeddings:
-            raise ValueError(f"position {int(pos.max())} exceeds the context window")
-        kpos = torch.arange(cache_len, device=dev)
-        mask = kpos.view(1, 1, -1) <= pos.unsqueeze(-1)  # [B, T, Lk]
-        mask = fold_mask(mask, lc_cfg.num_heads // lc_cfg.num_kv_heads)  # [B, 1, g*T, Lk]
         t = self.target
         packed = t.packed_weights()  # the LM head prepacked for grad-free CPU forwards
         return self.heads[j](

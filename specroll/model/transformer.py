@@ -122,6 +122,45 @@ def fold_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
     return mask.unsqueeze(1).repeat(1, 1, group, 1)
 
 
+def attention_layout(
+    cfg: ModelConfig,
+    tokens: torch.Tensor,
+    positions: torch.Tensor | None,
+    cache: KVCache | None,
+    slot_start: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Positions, folded mask and key length of a forward, shared by every network here.
+
+    Without a cache: causal over the T tokens (positions only shift RoPE). With a cache:
+    row b writes its T tokens at positions[b].. of slot slot_start + b, and key j is
+    visible to query i iff j <= positions[b] + i. Returns (pos [B, T], mask
+    [B, 1, g*T, Lk], Lk), checking the context window and the cache's capacity.
+    """
+    B, T = tokens.shape
+    dev = tokens.device
+    start = torch.zeros(B, dtype=torch.long, device=dev) if positions is None else positions
+    pos = start.unsqueeze(1) + torch.arange(T, device=dev)  # [B, T]
+    if int(pos.max()) >= cfg.max_position_embeddings:
+        raise ValueError(
+            f"position {int(pos.max())} exceeds the context window "
+            f"max_position_embeddings={cfg.max_position_embeddings}"
+        )
+    if cache is None:
+        key_len = T
+        local = torch.arange(T, device=dev)
+        mask = (local.view(1, -1) <= local.view(-1, 1)).expand(B, T, T)  # [B, T, T]
+    else:
+        key_len = int(start.max()) + T
+        if key_len > cache.max_len or slot_start + B > cache.num_slots:
+            raise ValueError(
+                f"batch needs slots up to {slot_start + B} x {key_len} positions; "
+                f"the cache has {cache.num_slots} x {cache.max_len}"
+            )
+        kpos = torch.arange(key_len, device=dev)
+        mask = kpos.view(1, 1, -1) <= pos.unsqueeze(-1)  # [B, T, Lk]
+    return pos, fold_mask(mask, cfg.num_heads // cfg.num_kv_heads), key_len
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -280,28 +319,7 @@ class Transformer(nn.Module):
         """
         cfg = self.cfg
         B, T = tokens.shape
-        dev = tokens.device
-        start = torch.zeros(B, dtype=torch.long, device=dev) if positions is None else positions
-        pos = start.unsqueeze(1) + torch.arange(T, device=dev)  # [B, T]
-        if cache is None:
-            cache_len = T
-            kpos = torch.arange(T, device=dev)
-        else:
-            cache_len = int(start.max()) + T
-            if cache_len > cache.max_len or slot_start + B > cache.num_slots:
-                raise ValueError(
-                    f"batch needs slots up to {slot_start + B} x {cache_len} positions; "
-                    f"the cache has "
-                    f"{cache.num_slots} x {cache.max_len}"
-                )
-            kpos = torch.arange(cache_len, device=dev)
-        if int(pos.max()) >= cfg.max_position_embeddings:
-            raise ValueError(
-                f"position {int(pos.max())} exceeds the context window "
-                f"max_position_embeddings={cfg.max_position_embeddings}"
-            )
-        mask = kpos.view(1, 1, -1) <= pos.unsqueeze(-1)  # [B, T, Lk]
-        mask = fold_mask(mask, cfg.num_heads // cfg.num_kv_heads)  # [B, 1, g*T, Lk]
+        pos, mask, cache_len = attention_layout(cfg, tokens, positions, cache, slot_start)
         rope = self.rotary(pos)
 
         packed = self.packed_weights()
