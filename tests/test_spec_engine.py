@@ -251,7 +251,9 @@ def test_metrics_and_collapse_warning(target):
     eng = Engine(target, drafter=DraftModelDrafter(_related(target)), depth=FixedDepth(3))
     res = eng.generate([Request(PROMPT, SamplingParams(1.0, max_new_tokens=30, seed=0))])
     s = eng.stats
-    assert s.draft_tokens == res[0].draft_tokens and s.accepted_tokens == res[0].accepted_tokens
+    r = res[0].spec
+    assert (s.draft_tokens, s.accepted_tokens) == (r.draft_tokens, r.accepted_tokens)
+    assert s.per_position == r.per_position and s.acceptance_length == r.acceptance_length
     assert s.emitted_tokens + 1 == len(res[0].token_ids)  # + the prefill token
     assert 1.0 <= s.acceptance_length <= 4.0 and len(s.per_position) == 3
     assert s.per_position == sorted(s.per_position, reverse=True)  # cumulative

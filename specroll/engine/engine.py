@@ -63,7 +63,7 @@ class EngineConfig:
 class _Slots:
     """Slot-indexed state of the rows being decoded (row b = slot b)."""
 
-    def __init__(self, n: int, max_gen: int, max_stops: int, max_len: int) -> None:
+    def __init__(self, n: int, max_gen: int, max_stops: int, max_len: int, k_max: int) -> None:
         long = dict(dtype=torch.long)
         self.pos = torch.zeros(n, **long)  # tokens already in the cache
         self.last = torch.zeros(n, **long)  # newest token, not yet in the cache
@@ -82,6 +82,8 @@ class _Slots:
         self.drafts = torch.zeros(n, **long)  # per-request speculation counters
         self.draft_tokens = torch.zeros(n, **long)
         self.accepted = torch.zeros(n, **long)
+        self.accepted_pos = torch.zeros(n, max(k_max, 1), **long)  # [S, k_max]
+        self.drafted_pos = torch.zeros(n, max(k_max, 1), **long)
         self.request = [-1] * n
 
     def tensors(self) -> list[torch.Tensor]:
@@ -141,7 +143,9 @@ class Engine:
         n_slots = min(self.config.max_batch, len(requests))
         self._ensure_cache(n_slots, need_len)
         stops = [self._stops(r) for r in requests]
-        st = _Slots(n_slots, max_gen, max(len(s) for s in stops), self.cache.max_len)
+        st = _Slots(
+            n_slots, max_gen, max(len(s) for s in stops), self.cache.max_len, self.depth.k_max
+        )
         if self.drafter is not None:
             self.drafter.start(self.cache.num_slots, self.cache.max_len)
         self.stats = SpecStats()
@@ -334,6 +338,9 @@ class Engine:
         st.drafts[rows] += (num_draft > 0).long()
         st.draft_tokens[rows] += num_draft
         st.accepted[rows] += ver.num_accepted
+        if K > 0:
+            st.accepted_pos[rows, :K] += ver.accepted.long()
+            st.drafted_pos[rows, :K] += (torch.arange(K) < num_draft.unsqueeze(1)).long()
         if observe:  # decode/verify forward (prefill is not a speculation step)
             self.stats.observe(num_draft, ver.accepted, int(count.sum()))
             self._watch(num_draft, ver.num_accepted)
@@ -367,6 +374,7 @@ class Engine:
         st.n_gen[b] = 0
         st.finish[b] = _NONE
         st.drafts[b] = st.draft_tokens[b] = st.accepted[b] = 0
+        st.accepted_pos[b] = st.drafted_pos[b] = 0
         st.max_new[b] = p.max_new_tokens
         st.seed[b] = seed
         st.temperature[b] = p.temperature
@@ -386,9 +394,13 @@ class Engine:
             logprobs=st.logprobs[b, :n].tolist(),
             finish_reason=reason,
             seed=seed,
-            num_drafts=int(st.drafts[b]),
-            draft_tokens=int(st.draft_tokens[b]),
-            accepted_tokens=int(st.accepted[b]),
+            spec=SpecStats(
+                drafts=int(st.drafts[b]),
+                draft_tokens=int(st.draft_tokens[b]),
+                accepted_tokens=int(st.accepted[b]),
+                accepted_per_pos=st.accepted_pos[b, : self.depth.k_max].tolist(),
+                drafted_per_pos=st.drafted_pos[b, : self.depth.k_max].tolist(),
+            ),
             first_token_s=0.0,
             latency_s=0.0,
         )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specroll.spec.metrics import SpecStats
+
 
 @dataclass
 class SamplingParams:
@@ -70,9 +72,6 @@ class Result:
     """Seconds from the start of generate() to this request's first token."""
     latency_s: float
     """Seconds from the start of generate() to this request's last token."""
-    num_drafts: int = 0
-    """Speculative iterations that verified drafts for this request."""
-    draft_tokens: int = 0
-    """Draft tokens verified for this request."""
-    accepted_tokens: int = 0
-    """Draft tokens accepted for this request."""
+    spec: SpecStats = field(default_factory=SpecStats)
+    """This request's speculation counters: drafts, draft/accepted tokens, acceptance
+    length and rate, per-position acceptance (timing and forwards are batch-level)."""
