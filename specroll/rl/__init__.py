@@ -1,0 +1,1 @@
+"""RL: tasks and rewards, losses, learner, pipelines."""
