@@ -268,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--spec-max-batch",
         type=int,
-        default=1 << 30,
-        help="decode without speculation above this many active rows",
+        default=4,
+        help="decode without speculation above this many active rows (on CPUs, larger "
+        "batches are compute bound: see `specroll bench engine`, verify_cost)",
     )
     gen.set_defaults(func=cmd_generate)
 

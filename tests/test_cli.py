@@ -1,0 +1,25 @@
+"""The command line fails fast and clearly on bad input (exit code 2, message names it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specroll.cli import main
+from specroll.drafters.build import build_drafter
+
+
+def test_bad_sampling_argument_names_the_field(capsys, tmp_path):
+    assert main(["generate", "--model", str(tmp_path), "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
+
+
+def test_unknown_model_is_a_clear_error(capsys, tmp_path):
+    assert main(["generate", "--model", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
+
+
+def test_unknown_drafter_lists_the_kinds(tiny_model):
+    with pytest.raises(ValueError, match="ngram"):
+        build_drafter("medusa", tiny_model)
+    with pytest.raises(ValueError, match="eagle3:PATH"):
+        build_drafter("eagle3", tiny_model)  # a path is required
