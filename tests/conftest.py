@@ -86,3 +86,14 @@ def tiny_model(hf_dirs):
     from specroll.model import load_model
 
     return load_model(hf_dirs["llama-tied"][1])
+
+
+def assert_greedy_matches_hf(ours, hf, prompts: list[list[int]], n: int = 64) -> None:
+    """specroll's engine and transformers' `generate` agree on n greedy tokens per prompt."""
+    from specroll.engine import Engine, Request, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=n, stop_token_ids=())
+    results = Engine(ours).generate([Request(p, params) for p in prompts])
+    for p, r in zip(prompts, results, strict=True):
+        out = hf.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        assert r.token_ids == out[0, len(p) :].tolist()

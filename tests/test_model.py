@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specroll.model import KVCache, ModelConfig, load_model, save_model
-from tests.conftest import VARIANTS
+from tests.conftest import VARIANTS, assert_greedy_matches_hf
 
 pytestmark = pytest.mark.parametrize("variant", list(VARIANTS))
 
@@ -60,17 +60,8 @@ def test_incremental_decode_equals_full_sequence(hf_dirs, variant):
 
 
 def test_greedy_generation_matches_transformers_generate(hf_dirs, variant):
-    from specroll.engine import Engine, Request, SamplingParams
-
     hf, ours = _ours(hf_dirs, variant)
-    prompts = [[5, 17, 33, 2], [90, 1, 4, 4, 4, 8, 9], [60]]
-    params = SamplingParams(temperature=0.0, max_new_tokens=64, stop_token_ids=())
-    results = Engine(ours).generate([Request(p, params) for p in prompts])
-    for p, r in zip(prompts, results, strict=True):
-        ref = hf.generate(torch.tensor([p]), max_new_tokens=64, min_new_tokens=64, do_sample=False)[
-            0, len(p) :
-        ].tolist()
-        assert r.token_ids == ref
+    assert_greedy_matches_hf(ours, hf, [[5, 17, 33, 2], [90, 1, 4, 4, 4, 8, 9], [60]])
 
 
 def test_save_roundtrip_loads_in_transformers(hf_dirs, variant, tmp_path):

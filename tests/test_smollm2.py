@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specroll.engine import Engine, Request, SamplingParams
 from specroll.model import KVCache, load_model
 from specroll.model.hub import resolve
 from specroll.model.tokenizer import Tokenizer
+from tests.conftest import assert_greedy_matches_hf
 
 pytestmark = pytest.mark.slow
 
@@ -39,11 +39,5 @@ def test_logits_and_incremental_decode_match_transformers(smollm2):
 
 def test_greedy_generation_matches_transformers(smollm2):
     ours, hf, tok = smollm2
-    prompts = [tok.encode_prompt(t) for t in ("What is 7 times 8?", "Name three colours.")]
-    params = SamplingParams(temperature=0.0, max_new_tokens=64, stop_token_ids=())
-    results = Engine(ours).generate([Request(p, params) for p in prompts])
-    for p, r in zip(prompts, results, strict=True):
-        ref = hf.generate(torch.tensor([p]), max_new_tokens=64, min_new_tokens=64, do_sample=False)[
-            0, len(p) :
-        ].tolist()
-        assert r.token_ids == ref
+    texts = ("What is 7 times 8?", "Name three colours.")
+    assert_greedy_matches_hf(ours, hf, [tok.encode_prompt(t) for t in texts])
