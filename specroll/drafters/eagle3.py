@@ -32,11 +32,10 @@ from specroll.drafters.base import FeatureDrafter
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import (
     KVCache,
+    PackedWeights,
     Rotary,
     Transformer,
-    _can_pack,
     _mm,
-    _pack,
     apply_rotary,
     attention,
     attention_layout,
@@ -162,8 +161,7 @@ class Eagle3Head(nn.Module):
         self.embed: Embed | None = None
         self.use_packed = True
         """Use oneDNN-prepacked weights in grad-free CPU forwards (like the target)."""
-        self._packed: dict[str, torch.Tensor] | None = None
-        self._packed_key: tuple | None = None
+        self._packed = PackedWeights()
         if embed is not None:
             self.set_embedding(embed)
 
@@ -190,15 +188,10 @@ class Eagle3Head(nn.Module):
         return KVCache(self.cfg.layer, num_slots, max_len, self.fc.dtype, self.fc.device)
 
     def _packed_weights(self) -> dict[str, torch.Tensor] | None:
-        if not self.use_packed or torch.is_grad_enabled() or not _can_pack(self.fc):
+        if not self.use_packed:
             return None
         mats = [getattr(self, n) for n in _MATRICES]
-        key = tuple((w.data_ptr(), w._version) for w in mats)
-        if key != self._packed_key:
-            self._packed = None
-            self._packed = {n: _pack(w) for n, w in zip(_MATRICES, mats, strict=True)}
-            self._packed_key = key
-        return self._packed
+        return self._packed.get(mats, lambda p: dict(zip(_MATRICES, p, strict=True)))
 
     def fuse(self, aux: Sequence[torch.Tensor]) -> torch.Tensor:
         """Three target states [B, T, H] (in aux_layers order) → fused feature [B, T, H]."""

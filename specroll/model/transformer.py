@@ -23,8 +23,9 @@ axis, so keys and values are never copied.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,31 @@ def _can_pack(w: torch.Tensor) -> bool:
 def _pack(w: torch.Tensor) -> torch.Tensor:
     """oneDNN-prepacked copy of an `[in, out]` weight (opaque layout, grad-free use)."""
     return torch.ops.mkldnn._reorder_linear_weight(w.detach().T.contiguous())
+
+
+class PackedWeights:
+    """oneDNN-prepacked copies of a module's weights, rebuilt whenever any weight changes.
+
+    Staleness is detected from each tensor's (data_ptr, version counter): an optimizer
+    step (in place) or a weight load (new tensors) both invalidate the copies, so an
+    engine never generates with weights older than the module's.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._value: Any = None
+
+    def get(self, weights: list[torch.Tensor], arrange: Callable[[list[torch.Tensor]], Any]):
+        """arrange(packed copies of `weights`, same order), or None when packing does not
+        apply: autograd recording, or not an fp32 CPU tensor with oneDNN available."""
+        if torch.is_grad_enabled() or not _can_pack(weights[0]):
+            return None
+        key = tuple((w.data_ptr(), w._version) for w in weights)
+        if key != self._key:
+            self._value = None  # release the stale copies before building new ones
+            self._value = arrange([_pack(w) for w in weights])
+            self._key = key
+        return self._value
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
@@ -255,8 +281,7 @@ class Transformer(nn.Module):
         self.rotary = Rotary(cfg)
         self.use_packed = True
         """Use oneDNN-prepacked weights in grad-free CPU forwards (see module docstring)."""
-        self._packed: list[dict[str, torch.Tensor]] | None = None
-        self._packed_key: tuple | None = None
+        self._packed = PackedWeights()
 
     def init_weights(self, seed: int = 0, std: float = 0.02) -> Transformer:
         """Random normal init (tiny test models); norms start at one, biases at zero."""
@@ -265,29 +290,25 @@ class Transformer(nn.Module):
             with torch.no_grad():
                 if "norm" in name:
                     p.fill_(1.0)
-                elif name.endswith("bqkv"):
-                    p.normal_(0.0, std, generator=g)
-                else:
+                else:  # matrices and biases
                     p.normal_(0.0, std, generator=g)
         return self
 
-    def _matrices(self) -> list[torch.Tensor]:
-        return [getattr(b, n) for b in self.layers for n in _MATRICES] + [self.head_weight]
-
     def packed_weights(self) -> list[dict[str, torch.Tensor]] | None:
-        """Per-layer prepacked matrices (+ the LM head last), rebuilt if any weight changed.
-
-        None when packing is off, unavailable (GPU, non-fp32) or autograd is recording.
-        """
-        if not self.use_packed or torch.is_grad_enabled() or not _can_pack(self.embed):
+        """Per-layer prepacked matrices (+ {"head": LM head} last), or None (see
+        PackedWeights; also None when `use_packed` is off)."""
+        if not self.use_packed:
             return None
-        key = tuple((w.data_ptr(), w._version) for w in self._matrices())
-        if key != self._packed_key:
-            self._packed = None  # release the stale copies before building new ones
-            self._packed = [{n: _pack(getattr(b, n)) for n in _MATRICES} for b in self.layers]
-            self._packed.append({"head": _pack(self.head_weight)})
-            self._packed_key = key
-        return self._packed
+        mats = [getattr(b, n) for b in self.layers for n in _MATRICES] + [self.head_weight]
+        m = len(_MATRICES)
+
+        def arrange(p: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+            per_layer = [
+                dict(zip(_MATRICES, p[i : i + m], strict=True)) for i in range(0, len(p) - 1, m)
+            ]
+            return per_layer + [{"head": p[-1]}]
+
+        return self._packed.get(mats, arrange)
 
     @property
     def head_weight(self) -> torch.Tensor:

@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specroll.model.config import ModelConfig
-from specroll.model.transformer import Transformer
+from specroll.model.transformer import _MATRICES, Transformer
 
 
 def _hf_names(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
@@ -41,7 +41,7 @@ def _hf_names(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
 
 
 def _is_matrix(name: str) -> bool:
-    return name in ("wqkv", "wo", "w_gate_up", "w_down")
+    return name in _MATRICES
 
 
 def read_config(model_dir: str | Path) -> ModelConfig:
