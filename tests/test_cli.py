@@ -23,3 +23,14 @@ def test_unknown_drafter_lists_the_kinds(tiny_model):
         build_drafter("medusa", tiny_model)
     with pytest.raises(ValueError, match="eagle3:PATH"):
         build_drafter("eagle3", tiny_model)  # a path is required
+
+
+def test_draft_commands_check_inputs_first(capsys, tmp_path):
+    assert (
+        main(["draft", "train", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
+        == 2
+    )
+    assert "no meta.json" in capsys.readouterr().err
+    assert main(["draft", "data", "--n", "0", "--out", str(tmp_path / "d")]) == 2
+    assert "n must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()

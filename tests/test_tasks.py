@@ -14,7 +14,8 @@ def test_problems_are_reproducible_and_correct(level):
     assert a != generate_problems(50, level, seed=4)
     assert len({p.uid for p in a}) == 50
     for p in a:
-        assert "Answer:" in p.prompt and int(p.answer) == int(p.answer)
+        assert p.prompt.endswith("?") and p.response_prefix == "Answer:"
+        assert str(int(p.answer)) == p.answer
         assert p.level == level
 
 

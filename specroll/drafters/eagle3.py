@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specroll.drafters.base import FeatureDrafter
+from specroll.drafters.ttt import Unroll
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import (
     KVCache,
@@ -205,6 +206,7 @@ class Eagle3Head(nn.Module):
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
         slot_start: int = 0,
+        unroll: Unroll | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft logits [B, T, Vd] and prenorm hidden [B, T, H] (the next step's `hidden`).
 
@@ -212,6 +214,9 @@ class Eagle3Head(nn.Module):
         output) for positions t. positions: [B] start position of each row (RoPE, and the
         cache slots written with `cache`). cache=None: causal over the T tokens (training);
         with a cache, key j is visible to query i iff j <= positions[b] + i, like the target.
+        unroll: one step of training-time test (positions, mask and earlier steps' keys
+        given by `drafters.ttt`); replaces positions and cache, and skips the read-out
+        (logits None: call `readout` on the positions that are scored).
         """
         if self.embed is None:
             raise ValueError("Eagle3Head has no token embedding: call set_embedding(target)")
@@ -222,7 +227,10 @@ class Eagle3Head(nn.Module):
             shape = (1, cache.num_slots, c.num_kv_heads, cache.max_len, c.head_dim)
             if tuple(cache.k.shape) != shape:
                 raise ValueError(f"cache shape {tuple(cache.k.shape)} is not this head's")
-        pos, mask, cache_len = attention_layout(c, tokens, positions, cache, slot_start)
+        if unroll is not None:
+            pos, mask, cache_len = unroll.pos, unroll.mask, 0
+        else:
+            pos, mask, cache_len = attention_layout(c, tokens, positions, cache, slot_start)
         cos, sin = self.rotary(pos)  # [B, T, 1, hd] each
         pk = self._packed_weights() or {}
         eps = cfg.rms_norm_eps
@@ -237,7 +245,9 @@ class Eagle3Head(nn.Module):
         q = apply_rotary(q.view(B, T, c.num_heads, c.head_dim), cos, sin)
         k = apply_rotary(k.view(B, T, c.num_kv_heads, c.head_dim), cos, sin)
         v = v.view(B, T, c.num_kv_heads, c.head_dim)
-        if cache is None:
+        if unroll is not None:
+            keys, values = unroll.chain.extend(k, v)
+        elif cache is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, hd]
         else:
             rows = slice(slot_start, slot_start + B)
@@ -250,8 +260,15 @@ class Eagle3Head(nn.Module):
         h = F.rms_norm(x, (x.shape[-1],), self.post_attention_layernorm, eps)
         gate, up = _mm(h, self.w_gate_up, pk.get("w_gate_up")).chunk(2, dim=-1)  # [B, T, I] x2
         prenorm = x + _mm(F.silu(gate) * up, self.w_down, pk.get("w_down"))  # [B, T, H]
-        out = F.rms_norm(prenorm, (prenorm.shape[-1],), self.norm, eps)
-        return _mm(out, self.lm_head, pk.get("lm_head")), prenorm  # [B, T, Vd], [B, T, H]
+        if unroll is not None:
+            return None, prenorm  # training reads out only the positions it scores
+        return self.readout(prenorm), prenorm  # [B, T, Vd], [B, T, H]
+
+    def readout(self, prenorm: torch.Tensor) -> torch.Tensor:
+        """Prenorm state [..., H] → draft logits [..., Vd] (final norm + LM head)."""
+        pk = self._packed_weights() or {}
+        out = F.rms_norm(prenorm, (prenorm.shape[-1],), self.norm, self.cfg.rms_norm_eps)
+        return _mm(out, self.lm_head, pk.get("lm_head"))
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids → target ids (same shape)."""

@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specroll.drafters.base import FeatureDrafter
+from specroll.drafters.ttt import Unroll
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Block, KVCache, Rotary, Transformer, _mm, attention_layout
 from specroll.model.weights import _hf_names
@@ -183,6 +184,7 @@ class MTPDraft(nn.Module):
         cache: KVCache | None = None,
         slot_start: int = 0,
         logits_index: torch.Tensor | None = None,
+        unroll: Unroll | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run head i % num_heads.
 
@@ -192,6 +194,7 @@ class MTPDraft(nn.Module):
         [B] start position of each row (engine mode, with `cache`; None = all start at 0).
         Key j is visible to query t of row b iff j <= positions[b] + t; row b uses cache
         slot slot_start + b. logits_index: [B, n] indices into T that need logits.
+        unroll: a training-time-test step (drafters.ttt) instead of positions / cache.
         Returns (logits [B, n, V] with n = T unless logits_index, state [B, T, H]).
         """
         lc_cfg = self.cfg.layer
@@ -201,7 +204,9 @@ class MTPDraft(nn.Module):
             raise ValueError(f"cache has {cache.k.shape[0]} layers, need {self.num_heads}")
         pos, mask, cache_len = attention_layout(lc_cfg, tokens, positions, cache, slot_start)
         layer_cache = None
-        if cache is not None:
+        if unroll is not None:  # training-time test step (see drafters.ttt)
+            pos, mask, layer_cache = unroll.pos, unroll.mask, unroll.chain
+        elif cache is not None:
             rows = slice(slot_start, slot_start + B)
             layer_cache = (cache.k[j, rows], cache.v[j, rows])
         t = self.target
@@ -219,6 +224,15 @@ class MTPDraft(nn.Module):
             packed[-1]["head"] if packed else None,
             logits_index,
         )
+
+    def readout(self, i: int, state: torch.Tensor) -> torch.Tensor:
+        """State [..., H] returned by head i → logits [..., V] (what forward computes)."""
+        head = self.heads[i % self.num_heads]
+        t = self.target
+        if not head.feed_back_normed:
+            w = t.norm.detach() if head.final_norm is None else head.final_norm
+            state = F.rms_norm(state, (state.shape[-1],), w, head.eps)
+        return state @ t.head_weight.detach()
 
 
 # ---------------------------------------------------------------------------- weight I/O

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from specroll.drafters.base import Drafter
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.prompts import BUILTIN_PROMPTS
 from specroll.engine.request import Request, SamplingParams
@@ -148,6 +149,67 @@ def bench_engine(
     }
 
 
+def compare_spec(
+    model: Transformer,
+    reqs: list[Request],
+    drafters: dict[str, Drafter],
+    batch: int,
+    ks: list[int],
+    repeats: int = 3,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """Speculative vs plain decoding of `reqs` with `batch` slots, in this process.
+
+    Every (drafter, k) engine and the plain one run the same requests, interleaved, and
+    each point is the median of `repeats` runs; lossless speculation makes every mode emit
+    the same tokens, so all do the same work. overhead_frac is the share of wall time
+    outside the draft and target forwards (verification, sampling, bookkeeping).
+    """
+    from specroll.engine.depth import FixedDepth
+
+    n_tok = None
+    plain = Engine(model, EngineConfig(max_batch=batch))
+    plain.generate(reqs[:1])  # warm-up
+    engines = {
+        (d, k): Engine(model, EngineConfig(max_batch=batch), drafter, FixedDepth(k))
+        for d, drafter in drafters.items()
+        for k in ks
+    }
+    times: dict = {key: [] for key in [None, *engines]}
+    stats: dict = {}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = plain.generate(reqs)
+        times[None].append(time.perf_counter() - t0)
+        n_tok = sum(len(r.token_ids) for r in out)
+        for key, eng in engines.items():
+            times[key].append(_median_time(1, eng.generate, reqs))
+            stats.setdefault(key, []).append(eng.stats)
+    ar_s = statistics.median(times[None])
+    rows = []
+    for d, k in engines:
+        spec_s = statistics.median(times[(d, k)])
+        ss = stats[(d, k)]
+        row = {
+            "drafter": d,
+            "batch": batch,
+            "k": k,
+            "acceptance_length": round(statistics.median(s.acceptance_length for s in ss), 3),
+            "per_position": [round(x, 4) for x in ss[-1].per_position],
+            "tokens_per_target_forward": round(
+                statistics.median(s.tokens_per_forward for s in ss), 3
+            ),
+            "ar_tok_s": round(n_tok / ar_s, 2),
+            "spec_tok_s": round(n_tok / spec_s, 2),
+            "speedup": round(ar_s / spec_s, 3),
+            "overhead_frac": round(statistics.median(s.other_s / s.total_s for s in ss), 4),
+            "draft_frac": round(statistics.median(s.draft_s / s.total_s for s in ss), 4),
+        }
+        log(f"{row}")
+        rows.append(row)
+    return rows
+
+
 def bench_spec(
     model: Transformer,
     tok,
@@ -159,60 +221,22 @@ def bench_spec(
     temperature: float = 1.0,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Speculative vs plain decoding on the same prompts and seeds, in this process.
-
-    Every request generates exactly `new_tokens` (stop tokens off) so both modes do the
-    same work; each point is the median of `repeats` interleaved runs. overhead_frac is
-    the share of wall time outside the draft and target forwards (verification,
-    sampling, bookkeeping).
-    """
+    """`compare_spec` on the built-in prompts, `batch` requests of exactly `new_tokens`
+    tokens each (stop tokens off) per batch size."""
     from specroll.drafters.build import build_drafter
-    from specroll.engine.depth import FixedDepth
 
     rows = []
     for B in batches:
         texts = [BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)] for i in range(B)]
-        params = [
-            SamplingParams(temperature, max_new_tokens=new_tokens, stop_token_ids=(), seed=i)
-            for i in range(B)
+        reqs = [
+            Request(
+                tok.encode_prompt(t),
+                SamplingParams(temperature, max_new_tokens=new_tokens, stop_token_ids=(), seed=i),
+            )
+            for i, t in enumerate(texts)
         ]
-        reqs = [Request(tok.encode_prompt(t), p) for t, p in zip(texts, params, strict=True)]
-        plain = Engine(model, EngineConfig(max_batch=B))
-        plain.generate(reqs[:1])  # warm-up
-        engines = {
-            (d, k): Engine(model, EngineConfig(max_batch=B), build_drafter(d, model), FixedDepth(k))
-            for d in drafters
-            for k in ks
-        }
-        times: dict = {key: [] for key in [None, *engines]}
-        stats: dict = {}
-        for _ in range(repeats):
-            times[None].append(_median_time(1, plain.generate, reqs))
-            for key, eng in engines.items():
-                times[key].append(_median_time(1, eng.generate, reqs))
-                stats.setdefault(key, []).append(eng.stats)
-        ar_tok_s = B * new_tokens / statistics.median(times[None])
-        for d, k in engines:
-            spec_s = statistics.median(times[(d, k)])
-            ss = stats[(d, k)]
-            overhead = statistics.median(s.other_s / s.total_s for s in ss)
-            row = {
-                "drafter": d,
-                "batch": B,
-                "k": k,
-                "acceptance_length": round(statistics.median(s.acceptance_length for s in ss), 3),
-                "per_position": ss[-1].summary()["per_position"],
-                "tokens_per_target_forward": round(
-                    statistics.median(s.tokens_per_forward for s in ss), 3
-                ),
-                "ar_tok_s": round(ar_tok_s, 2),
-                "spec_tok_s": round(B * new_tokens / spec_s, 2),
-                "speedup": round(statistics.median(times[None]) / spec_s, 3),
-                "overhead_frac": round(overhead, 4),
-                "draft_frac": round(statistics.median(s.draft_s / s.total_s for s in ss), 4),
-            }
-            log(f"{row}")
-            rows.append(row)
+        built = {d: build_drafter(d, model) for d in drafters}
+        rows += compare_spec(model, reqs, built, B, ks, repeats, log)
     return {
         "bench": "spec",
         "new_tokens": new_tokens,

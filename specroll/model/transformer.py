@@ -120,6 +120,26 @@ class KVCache:
         return 2 * self.k.numel() * self.k.element_size()
 
 
+class KeyChain:
+    """Keys and values of the earlier steps of a training-time-test unroll (drafters).
+
+    Passed where a layer takes its cache: each step appends its own keys/values by
+    concatenation (never in place, so autograd can differentiate through every step) and
+    attends over all steps so far under a caller-built mask.
+    """
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None  # [B, Hkv, steps*T, hd]
+        self.v: torch.Tensor | None = None
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this step's k, v ([B, T, Hkv, hd]); return every step's ([B, Hkv, L, hd])."""
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
 class Rotary(nn.Module):
     """cos/sin tables for every position up to the context window (fp32, like HF)."""
 
@@ -228,7 +248,7 @@ class Block(nn.Module):
         pos: torch.Tensor,
         mask: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        layer_cache: tuple[torch.Tensor, torch.Tensor] | None,
+        layer_cache: tuple[torch.Tensor, torch.Tensor] | KeyChain | None,
         cache_len: int,
         packed: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
@@ -250,6 +270,8 @@ class Block(nn.Module):
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if layer_cache is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, hd]
+        elif isinstance(layer_cache, KeyChain):
+            keys, values = layer_cache.extend(k, v)
         else:
             ck, cv = layer_cache  # [B, Hkv, max_len, hd] views of this batch's slots
             rows = torch.arange(B, device=x.device).unsqueeze(1).expand(B, T)

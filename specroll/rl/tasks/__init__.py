@@ -2,5 +2,15 @@
 
 from specroll.rl.tasks.arithmetic import LEVELS, Problem, generate_problems
 from specroll.rl.tasks.reward import extract_answer, math_reward
+from specroll.rl.tasks.sets import encode, math_problems, prompt_set
 
-__all__ = ["LEVELS", "Problem", "extract_answer", "generate_problems", "math_reward"]
+__all__ = [
+    "LEVELS",
+    "Problem",
+    "encode",
+    "extract_answer",
+    "generate_problems",
+    "math_problems",
+    "math_reward",
+    "prompt_set",
+]

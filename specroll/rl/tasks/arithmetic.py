@@ -5,14 +5,25 @@ level can be chosen where a small policy starts between 10% and 60% accuracy (th
 where GRPO has signal: groups are neither all right nor all wrong). Generation is a pure
 function of (level, seed, index): the same seed always gives the same problem set, and
 train / validation splits are disjoint by construction (different seed streams).
+
+Response format. Every reply starts with the `RESPONSE_PREFIX` "Answer:", written into the
+assistant turn after the chat header (the policy continues it). This was calibrated on
+the embedded SmolLM2-135M-Instruct (a Q4_1 GGUF, temperature 1.0, 96 new tokens, 96
+samples per kind): asked to "end with a line 'Answer: <number>'" it reasons at random and
+almost never commits to the format (0% on every level), while with the prefix it answers
+level 1 at 12–33% (add 26%, sub 12%, mul 33%, word 21%) and level 2+ at about 5%. The
+reward reads prefix + completion, so a completion that rambles on after the number still
+counts, and one that restates the answer later is judged by its last Answer line.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
-INSTRUCTION = "Solve the problem. End your reply with a line 'Answer: <number>'."
+RESPONSE_PREFIX = "Answer:"
+"""Start of every reply, written by the prompt (not generated); the reward reads it too."""
 
 NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas"]
 ITEMS = ["apples", "books", "coins", "pencils", "stickers", "marbles", "cards", "shells"]
@@ -23,28 +34,43 @@ class Problem:
     """One task instance."""
 
     prompt: str
-    """The user message (instruction included)."""
+    """The user message."""
     answer: str
     """Ground-truth final answer (an integer, as text)."""
     level: int
-    """Difficulty level it was generated at."""
+    """Difficulty level it was generated at (0 for problems loaded from a file)."""
     uid: str
-    """Stable id: level-seed-index."""
+    """Stable id: level-seed-index (or file:line)."""
+    response_prefix: str = RESPONSE_PREFIX
+    """Text the reply starts with, placed after the assistant header ("" = none)."""
 
 
 def _level1(r: random.Random) -> tuple[str, int]:
-    a, b = r.randint(2, 49), r.randint(2, 49)
-    return f"What is {a} + {b}?", a + b
+    a, b = r.randint(1, 9), r.randint(1, 9)
+    kind = r.randrange(4)
+    if kind == 0:
+        return f"What is {a} + {b}?", a + b
+    if kind == 1:
+        return f"What is {a + b} - {b}?", a
+    if kind == 2:
+        return f"What is {a} times {b}?", a * b
+    name, item = r.choice(NAMES), r.choice(ITEMS)
+    return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have?", a + b
 
 
 def _level2(r: random.Random) -> tuple[str, int]:
-    a, b = r.randint(11, 99), r.randint(2, 9)
+    a, b = r.randint(2, 49), r.randint(2, 49)
     if r.random() < 0.5:
-        return f"What is {a} - {b * 3}?", a - 3 * b
-    return f"What is {a} times {b}?", a * b
+        return f"What is {a} + {b}?", a + b
+    return f"What is {a + b} - {b}?", a
 
 
 def _level3(r: random.Random) -> tuple[str, int]:
+    a, b = r.randint(11, 99), r.randint(2, 9)
+    return f"What is {a} times {b}?", a * b
+
+
+def _level4(r: random.Random) -> tuple[str, int]:
     name, item = r.choice(NAMES), r.choice(ITEMS)
     a, b, c = r.randint(5, 40), r.randint(2, 20), r.randint(1, 9)
     return (
@@ -54,7 +80,7 @@ def _level3(r: random.Random) -> tuple[str, int]:
     )
 
 
-def _level4(r: random.Random) -> tuple[str, int]:
+def _level5(r: random.Random) -> tuple[str, int]:
     name, item = r.choice(NAMES), r.choice(ITEMS)
     boxes, per, extra = r.randint(2, 9), r.randint(3, 12), r.randint(1, 20)
     return (
@@ -64,19 +90,13 @@ def _level4(r: random.Random) -> tuple[str, int]:
     )
 
 
-def _level5(r: random.Random) -> tuple[str, int]:
-    name, item = r.choice(NAMES), r.choice(ITEMS)
-    friends, per = r.randint(2, 6), r.randint(3, 15)
-    total = friends * per + r.randint(0, friends - 1)
-    left = total - friends * per
-    return (
-        f"{name} shares {total} {item} equally among {friends} friends, giving each the "
-        f"largest possible equal number. How many {item} are left over?",
-        left,
-    )
-
-
-LEVELS = {1: _level1, 2: _level2, 3: _level3, 4: _level4, 5: _level5}
+LEVELS: dict[int, Callable[[random.Random], tuple[str, int]]] = {
+    1: _level1,
+    2: _level2,
+    3: _level3,
+    4: _level4,
+    5: _level5,
+}
 """Difficulty level → generator of (question, integer answer)."""
 
 
@@ -88,7 +108,7 @@ def generate_problems(n: int, level: int, seed: int = 0) -> list[Problem]:
         raise ValueError(f"n must be >= 0, got {n}")
     out = []
     for i in range(n):
-        r = random.Random(f"{level}-{seed}-{i}")
-        question, answer = LEVELS[level](r)
-        out.append(Problem(f"{question} {INSTRUCTION}", str(answer), level, f"{level}-{seed}-{i}"))
+        uid = f"{level}-{seed}-{i}"
+        question, answer = LEVELS[level](random.Random(uid))
+        out.append(Problem(question, str(answer), level, uid))
     return out

@@ -1,0 +1,90 @@
+"""The in-domain EAGLE-3 draft of a policy, built once and cached.
+
+`specroll train` needs a draft before its first speculative rollout. Following the
+paper's finding (§1.4: a draft initialised on the policy's own in-domain outputs accepts
+clearly more than a generic one), it samples the policy on the RL task's prompts at the
+RL temperature, trains an EAGLE-3 head on those samples with TTT, and caches the result
+under $SPECROLL_HOME/drafts/<key>, where the key hashes the policy's weights file and
+every setting below: a changed policy or recipe builds a new draft, an unchanged one is
+loaded in seconds. Both stages resume after an interruption (data shards, trainer
+checkpoints). The recipe is sized for the embedded default on a 2-core CPU (about 10
+minutes); larger policies on GPUs would raise `n` and `epochs`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specroll.drafters.data import DraftData, DraftDataConfig, collect, prompt_ids
+from specroll.drafters.train import DraftTrainConfig, train_draft
+from specroll.model.hub import home
+from specroll.model.transformer import Transformer
+
+
+@dataclass
+class DefaultDraftRecipe:
+    """Data and training settings of the cached in-domain draft."""
+
+    data: DraftDataConfig = field(default_factory=lambda: DraftDataConfig(n=1024, shard_size=128))
+    """Policy samples to train on (prompt set = the RL task's)."""
+    train: DraftTrainConfig = field(
+        default_factory=lambda: DraftTrainConfig(epochs=3, eval_frac=0.03)
+    )
+    """EAGLE-3 training settings."""
+
+
+def _key(policy_dir: Path, recipe: DefaultDraftRecipe) -> str:
+    h = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode())
+    for f in sorted(policy_dir.glob("*.safetensors")) + [policy_dir / "config.json"]:
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    return h.hexdigest()[:12]
+
+
+def default_draft(
+    policy: Transformer,
+    tok,
+    policy_dir: str | Path,
+    recipe: DefaultDraftRecipe | None = None,
+    progress: Callable[[str, int, int | None], None] | None = None,
+) -> Path:
+    """Directory of the cached EAGLE-3 draft for `policy` (built on first use).
+
+    progress(stage, done, total) is called with stage 'data' (rollouts) and 'train'
+    (optimizer steps).
+    """
+    recipe = recipe or DefaultDraftRecipe()
+    policy_dir = Path(policy_dir)
+    root = home() / "drafts" / f"{policy_dir.name}-eagle3-{_key(policy_dir, recipe)}"
+    final = root / "draft"
+    if (final / "config.json").is_file():
+        return final
+    data_dir = root / "data"
+
+    def on_data(done: int, total: int) -> None:
+        if progress:
+            progress("data", done, total)
+
+    collect(
+        policy,
+        prompt_ids(tok, recipe.data),
+        str(policy_dir),
+        recipe.data,
+        data_dir,
+        progress=on_data,
+    )
+
+    def on_step(rec: dict) -> None:
+        if progress:
+            progress("train", rec["step"], rec["total"])
+
+    work = root / "training"
+    train_draft(policy, DraftData(data_dir), recipe.train, work, resume=True, log=on_step)
+    work.rename(final)
+    shutil.rmtree(data_dir, ignore_errors=True)  # features are large; the draft is what counts
+    return final

@@ -1,0 +1,329 @@
+"""Offline drafter training on policy samples: EAGLE-3 heads and MTP heads, with TTT.
+
+`train_draft` reads a `DraftData` directory, builds (or resumes) a draft, and trains it
+with the training-time-test unroll of `drafters.ttt`. The policy is only read: its
+embedding (and, for MTP, LM head and final norm) are detached views, and its logits come
+from the stored `final` states. Everything random (initialisation, batch order) derives
+from `seed`, and the trainer state (optimizer, schedule, position in the epoch) is saved
+with every checkpoint, so an interrupted run resumes to the same weights it would have
+reached.
+
+EAGLE-3 specifics: the draft vocabulary is the `draft_vocab_size` ids with the largest
+expected count in the responses (the policy's probability summed over generated
+positions; d2t / t2d map it to the target's), and the draft
+LM head starts as the policy's LM head restricted to it, so training begins from the
+policy's own read-out rather than from noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from specroll.drafters.data import DraftData, Sequence
+from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
+from specroll.drafters.mtp import MTPConfig, MTPDraft, save_mtp
+from specroll.drafters.ttt import loss_mask, ttt_loss, ttt_unroll
+from specroll.model.transformer import Transformer
+
+KINDS = ("eagle3", "mtp")
+
+
+@dataclass
+class DraftTrainConfig:
+    """Offline drafter training settings."""
+
+    kind: str = "eagle3"
+    """Draft architecture: 'eagle3' or 'mtp' (one fresh head, recursive)."""
+    draft_vocab_size: int = 8192
+    """EAGLE-3 draft vocabulary (most frequent generated ids); ignored for MTP."""
+    ttt_steps: int = 7
+    """Training-time-test unroll length."""
+    step_decay: float = 0.8
+    """Loss weight of unroll step j is step_decay**j."""
+    epochs: int = 2
+    """Passes over the training sequences."""
+    batch_tokens: int = 4096
+    """Most (padded) tokens per batch."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate (cosine decay after a linear warm-up)."""
+    warmup_frac: float = 0.05
+    """Share of the steps spent warming up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 0.5
+    """Gradient-norm clip."""
+    eval_frac: float = 0.05
+    """Share of the sequences (the last ones) held out for evaluation."""
+    seed: int = 0
+    """Seeds initialisation and batch order."""
+    checkpoint_every: int = 200
+    """Optimizer steps between checkpoints (0 = only at the end)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        for name in ("draft_vocab_size", "ttt_steps", "epochs", "batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.step_decay <= 1:
+            raise ValueError(f"step_decay must be in (0, 1], got {self.step_decay}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        for name in ("warmup_frac", "eval_frac"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+
+
+def select_vocab(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The `size` ids with the largest counts (ties: smaller id first), sorted ascending."""
+    if size > counts.numel():
+        raise ValueError(f"draft_vocab_size={size} exceeds the vocabulary ({counts.numel()})")
+    order = torch.sort(counts.double(), descending=True, stable=True).indices[:size]
+    return order.sort().values
+
+
+def new_eagle3(
+    policy: Transformer, vocab: torch.Tensor, aux: tuple[int, ...], seed: int
+) -> Eagle3Head:
+    """Fresh head on `policy` over draft vocabulary `vocab` (ascending target ids)."""
+    cfg = Eagle3Config.for_target(policy.cfg, draft_vocab_size=vocab.numel())
+    cfg = Eagle3Config._from_layer(cfg.layer, vocab.numel(), aux)
+    head = Eagle3Head(cfg, policy).init_weights(seed)
+    with torch.no_grad():
+        head.lm_head.copy_(policy.head_weight[:, vocab])
+        head.d2t.copy_(vocab - torch.arange(vocab.numel()))
+        head.t2d.zero_()
+        head.t2d[vocab] = True
+    return head
+
+
+class _Draft:
+    """The network being trained, behind the three calls the loop needs."""
+
+    def __init__(
+        self, kind: str, policy: Transformer, net: Eagle3Head | MTPDraft, vocab: torch.Tensor | None
+    ):
+        self.kind, self.policy, self.net = kind, policy, net
+        self.vocab = vocab  # target ids of the draft vocabulary (None: all)
+        H = policy.cfg.hidden_size
+        w = policy.head_weight.detach()
+        self.w = w if vocab is None else w[:, vocab].contiguous()  # [H, V']
+        self.group = net.cfg.layer.num_heads // net.cfg.layer.num_kv_heads
+        self.H = H
+
+    def features(self, aux: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+        if self.kind == "eagle3":
+            return self.net.fuse(list(aux.split(self.H, dim=-1)))
+        return final
+
+    def run(self, tokens, hidden, unroll):
+        if self.kind == "eagle3":
+            return self.net(tokens, hidden, unroll=unroll)
+        return self.net(0, tokens, hidden, unroll=unroll)
+
+    def readout(self, state: torch.Tensor) -> torch.Tensor:
+        if self.kind == "eagle3":
+            return self.net.readout(state)
+        return self.net.readout(0, state)
+
+    def save(self, out: Path) -> None:
+        (save_eagle3 if self.kind == "eagle3" else save_mtp)(self.net, out)
+
+
+def _batches(seqs: list[Sequence], budget: int, g: torch.Generator) -> list[list[int]]:
+    """Batches of similar-length sequences (little padding) within `budget` padded tokens,
+    in a random order; ties in length are broken randomly."""
+    perm = torch.randperm(len(seqs), generator=g).tolist()
+    ranked = sorted(perm, key=lambda i: len(seqs[i].tokens))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in ranked:  # ascending: the newest sequence is the widest
+        if cur and len(seqs[i].tokens) * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    order = torch.randperm(len(out), generator=g).tolist()
+    return [out[i] for i in order]
+
+
+def _collate(seqs: list[Sequence]) -> dict[str, torch.Tensor]:
+    n, W = len(seqs), max(len(s.tokens) for s in seqs)
+    H3, H = seqs[0].aux.shape[1], seqs[0].final.shape[1]
+    b = {
+        "tokens": torch.zeros(n, W, dtype=torch.long),
+        "aux": torch.zeros(n, W, H3),
+        "final": torch.zeros(n, W, H),
+        "lse": torch.zeros(n, W),
+        "lengths": torch.tensor([len(s.tokens) for s in seqs]),
+        "prompt_lens": torch.tensor([s.prompt_len for s in seqs]),
+    }
+    for r, s in enumerate(seqs):
+        m = len(s.tokens)
+        b["tokens"][r, :m] = s.tokens
+        b["aux"][r, :m] = s.aux.float()
+        b["final"][r, :m] = s.final.float()
+        b["lse"][r, :m] = s.lse
+    return b
+
+
+def batch_loss(
+    draft: _Draft, b: dict[str, torch.Tensor], cfg: DraftTrainConfig, temperature: float
+):
+    """TTT loss and per-step metrics of one collated batch."""
+    T = b["tokens"].shape[1]
+    mask = loss_mask(b["lengths"], b["prompt_lens"], T)  # [B, T]
+    index = torch.full(mask.shape, -1, dtype=torch.long)
+    index[mask] = torch.arange(int(mask.sum()))
+    with torch.no_grad():  # the policy's log-probs at the scored positions only
+        target = (b["final"][mask] @ draft.w) / temperature - b["lse"][mask].unsqueeze(-1)
+    feats = draft.features(b["aux"], b["final"])
+    start = max(0, int(b["prompt_lens"].min()) - 1 - cfg.ttt_steps)
+    states = ttt_unroll(draft.run, feats, b["tokens"], cfg.ttt_steps, draft.group, start)
+    return ttt_loss(states, draft.readout, target, index, cfg.step_decay)
+
+
+@torch.no_grad()
+def evaluate(
+    draft: _Draft, seqs: list[Sequence], cfg: DraftTrainConfig, temperature: float
+) -> dict:
+    """Per-step top-1 agreement and expected acceptance on held-out sequences (token-weighted)."""
+    sums: dict[str, list[float]] = {"top1": [0.0] * cfg.ttt_steps, "accept": [0.0] * cfg.ttt_steps}
+    counts = [0] * cfg.ttt_steps
+    for idx in _batches(seqs, cfg.batch_tokens, torch.Generator().manual_seed(0)):
+        _, m = batch_loss(draft, _collate([seqs[i] for i in idx]), cfg, temperature)
+        for j, n in enumerate(m["count"]):
+            if n:
+                counts[j] += n
+                for key in sums:
+                    sums[key][j] += m[key][j] * n
+    return {
+        k: [round(v[j] / max(counts[j], 1), 4) for j in range(cfg.ttt_steps)]
+        for k, v in sums.items()
+    }
+
+
+def _lr_at(step: int, total: int, cfg: DraftTrainConfig) -> float:
+    warm = max(1, int(cfg.warmup_frac * total))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def train_draft(
+    policy: Transformer,
+    data: DraftData,
+    cfg: DraftTrainConfig,
+    out_dir: str | Path,
+    resume: bool = False,
+    log: Callable[[dict], None] | None = None,
+) -> Path:
+    """Train a draft on `data` and save it (with the trainer state) in `out_dir`."""
+    data.check_policy(policy)
+    out = Path(out_dir)
+    state_path = out / "trainer.pt"
+    seqs = data.sequences
+    n_eval = int(len(seqs) * cfg.eval_frac)
+    train, held = seqs[: len(seqs) - n_eval], seqs[len(seqs) - n_eval :]
+    if not train:
+        raise ValueError(f"{data.path} holds {len(seqs)} sequences: too few to train on")
+    aux = data.aux_layers
+    state = None
+    if resume and state_path.exists():
+        state = torch.load(state_path, weights_only=False)
+        if state["config"] != asdict(cfg):
+            raise ValueError(
+                f"{state_path} was written with other settings; resume with the same ones"
+            )
+    torch.manual_seed(cfg.seed)
+    if cfg.kind == "eagle3":
+        if state is not None:
+            vocab = state["vocab"]
+        else:
+            mass = data.expected_token_mass(policy)
+            vocab = select_vocab(mass, cfg.draft_vocab_size)
+        net: Eagle3Head | MTPDraft = new_eagle3(policy, vocab, aux, cfg.seed)
+    else:
+        vocab = None
+        net = MTPDraft(MTPConfig.for_target(policy.cfg, 1), policy)
+        net.init_weights(cfg.seed, from_last_layer=True)
+    if state is not None:
+        net.load_state_dict(state["net"])
+    net.use_packed = False
+    net.train()
+    draft = _Draft(cfg.kind, policy, net, vocab)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    per_epoch = len(_batches(train, cfg.batch_tokens, torch.Generator().manual_seed(cfg.seed)))
+    total = per_epoch * cfg.epochs
+    step = 0
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+    for epoch in range(step // per_epoch, cfg.epochs):
+        batches = _batches(
+            train, cfg.batch_tokens, torch.Generator().manual_seed(cfg.seed + 1000 * epoch)
+        )
+        for bi in range(step - epoch * per_epoch, per_epoch):
+            lr = _lr_at(step, total, cfg)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            loss, m = batch_loss(
+                draft, _collate([train[i] for i in batches[bi]]), cfg, data.temperature
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+            opt.step()
+            step += 1
+            if log is not None:
+                log(
+                    {
+                        "step": step,
+                        "total": total,
+                        "epoch": epoch,
+                        "lr": lr,
+                        "loss": loss.item(),
+                        "grad_norm": gnorm,
+                        **m,
+                    }
+                )
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+                _checkpoint(draft, opt, step, cfg, out)
+    _checkpoint(draft, opt, step, cfg, out)
+    summary = {"steps": step, "train_sequences": len(train), "held_out_sequences": len(held)}
+    if held:
+        summary["held_out"] = evaluate(draft, held, cfg, data.temperature)
+    summary["data"] = str(data.path)
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    net.eval()
+    return out
+
+
+def _checkpoint(draft: _Draft, opt, step: int, cfg: DraftTrainConfig, out: Path) -> None:
+    """Trainer state (the resume point, written atomically) + the draft in its serving
+    layout."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "trainer.pt.tmp"
+    torch.save(
+        {
+            "step": step,
+            "net": draft.net.state_dict(),
+            "vocab": draft.vocab,
+            "optimizer": opt.state_dict(),
+            "config": asdict(cfg),
+        },
+        tmp,
+    )
+    os.replace(tmp, out / "trainer.pt")
+    draft.save(out)
