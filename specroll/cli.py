@@ -334,6 +334,80 @@ def cmd_draft_eval(args: argparse.Namespace) -> None:
         print(json.dumps(report))
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    from specroll.rl.config import build_config
+    from specroll.rl.pipeline import Trainer, build_draft
+
+    overrides = list(args.set or [])
+    if args.out:
+        overrides.append(f"pipeline.out_dir={args.out}")
+    if args.steps:
+        overrides.append(f"pipeline.steps={args.steps}")
+    cfg = build_config(args.preset, overrides)
+    path = resolve_model_dir(cfg.policy.model)
+    from specroll.model import load_model
+    from specroll.model.tokenizer import Tokenizer
+
+    with console.status(f"loading {path}"):
+        policy, tok = load_model(path), Tokenizer(path)
+    with _progress() as bar:
+        tasks: dict[str, int] = {}
+        labels = {"data": "draft: sampling the policy", "train": "draft: training EAGLE-3"}
+
+        def on_draft(stage: str, done: int, total: int | None) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(labels.get(stage, stage), total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        draft = build_draft(cfg, policy, tok, path, progress=on_draft)
+    trainer = Trainer(cfg, policy, tok, draft, log=console.print)
+    console.print(
+        f"[bold]specroll train[/] preset={args.preset} model={cfg.policy.model} "
+        f"steps={cfg.pipeline.steps} speculative={cfg.rollout.speculative} "
+        f"out={cfg.pipeline.out_dir}"
+    )
+    table = Table(title="RL steps")
+    for col in (
+        "step",
+        "reward",
+        "val acc",
+        "resp len",
+        "AL",
+        "gen s",
+        "logprob s",
+        "train s",
+        "tok/s",
+    ):
+        table.add_column(col, justify="right")
+    with _progress() as bar:
+        task = bar.add_task("RL steps", total=cfg.pipeline.steps, completed=trainer.step)
+
+        def on_step(m: dict) -> None:
+            t = m["time"]
+            al = m["acceptance_length"]
+            table.add_row(
+                str(m["step"]),
+                f"{m['reward']:.3f}",
+                "" if "val_accuracy" not in m else f"{m['val_accuracy']:.3f}",
+                f"{m['response_len_mean']:.0f}",
+                "-" if al is None else f"{al:.2f}",
+                f"{t['gen']:.1f}",
+                f"{t['logprob']:.1f}",
+                f"{t['train']:.1f}",
+                f"{m['gen_tok_s']:.0f}",
+            )
+            bar.update(
+                task, completed=m["step"], description=f"RL steps (reward {m['reward']:.3f})"
+            )
+            console.print(json.dumps(m), markup=False, highlight=False)
+
+        trainer.run(resume=args.resume, on_step=on_step)
+    console.print(table)
+    console.print(
+        f"[green]done[/]: metrics, checkpoints, policy/ and draft/ in {cfg.pipeline.out_dir}"
+    )
+
+
 # ---------------------------------------------------------------------- parser
 
 
@@ -396,6 +470,16 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
     bs.add_argument("--json", action="store_true", help="end with one JSON line")
     bs.set_defaults(func=cmd_bench_spec)
+
+    tr = sub.add_parser("train", help="GRPO/DAPO training with speculative rollouts")
+    tr.add_argument("--preset", default="default", help="default, tiny, or a YAML file")
+    tr.add_argument(
+        "--set", action="append", metavar="SECTION.KEY=VALUE", help="override (repeatable)"
+    )
+    tr.add_argument("--steps", type=int, help="shorthand for --set pipeline.steps=N")
+    tr.add_argument("--out", help="shorthand for --set pipeline.out_dir=DIR")
+    tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    tr.set_defaults(func=cmd_train)
 
     draft = sub.add_parser("draft", help="train and evaluate drafters").add_subparsers(dest="what")
     draft.required = True

@@ -11,7 +11,13 @@ import torch
 from specroll.drafters.data import DraftData, DraftDataConfig, collect
 from specroll.drafters.eagle3 import Eagle3Drafter, load_eagle3
 from specroll.drafters.mtp import MTPConfig, MTPDraft
-from specroll.drafters.train import DraftTrainConfig, _Draft, new_eagle3, select_vocab, train_draft
+from specroll.drafters.train import (
+    DraftNet,
+    DraftTrainConfig,
+    new_eagle3,
+    select_vocab,
+    train_draft,
+)
 from specroll.drafters.ttt import ttt_unroll, unroll_mask
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
@@ -65,7 +71,7 @@ def test_unroll_equals_incremental_drafting(target, kind, start):
         vocab = None
     _perturb(net, 4)
     net.use_packed = False
-    draft = _Draft(kind, target, net, vocab)
+    draft = DraftNet(kind, target, net, vocab)
     with torch.no_grad():
         out = target(x, hidden_layers=(2, 1, 4))
         H = 64

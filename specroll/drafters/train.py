@@ -106,7 +106,7 @@ def new_eagle3(
     return head
 
 
-class _Draft:
+class DraftNet:
     """The network being trained, behind the three calls the loop needs."""
 
     def __init__(
@@ -177,25 +177,60 @@ def _collate(seqs: list[Sequence]) -> dict[str, torch.Tensor]:
     return b
 
 
-def batch_loss(
-    draft: _Draft, b: dict[str, torch.Tensor], cfg: DraftTrainConfig, temperature: float
+def draft_loss(
+    draft: DraftNet,
+    tokens: torch.Tensor,
+    aux: torch.Tensor,
+    final: torch.Tensor | None,
+    lengths: torch.Tensor,
+    prompt_lens: torch.Tensor,
+    target_logp: Callable[[torch.Tensor], torch.Tensor],
+    steps: int,
+    decay: float,
 ):
-    """TTT loss and per-step metrics of one collated batch."""
-    T = b["tokens"].shape[1]
-    mask = loss_mask(b["lengths"], b["prompt_lens"], T)  # [B, T]
+    """TTT loss and per-step metrics of a padded batch (shared by offline and online).
+
+    tokens: [B, T]; aux: [B, T, 3H] target features (detached); final: [B, T, H] the
+    target's normed last state (MTP input; unused by EAGLE-3); target_logp(mask [B, T])
+    returns the policy's log-probs [n, V'] at the n masked positions over the draft's
+    vocabulary (computed without gradient by the caller).
+    """
+    T = tokens.shape[1]
+    mask = loss_mask(lengths, prompt_lens, T)  # [B, T]
     index = torch.full(mask.shape, -1, dtype=torch.long)
     index[mask] = torch.arange(int(mask.sum()))
-    with torch.no_grad():  # the policy's log-probs at the scored positions only
-        target = (b["final"][mask] @ draft.w) / temperature - b["lse"][mask].unsqueeze(-1)
-    feats = draft.features(b["aux"], b["final"])
-    start = max(0, int(b["prompt_lens"].min()) - 1 - cfg.ttt_steps)
-    states = ttt_unroll(draft.run, feats, b["tokens"], cfg.ttt_steps, draft.group, start)
-    return ttt_loss(states, draft.readout, target, index, cfg.step_decay)
+    with torch.no_grad():
+        target = target_logp(mask)
+    feats = draft.features(aux, final)
+    start = max(0, int(prompt_lens.min()) - 1 - steps)
+    states = ttt_unroll(draft.run, feats, tokens, steps, draft.group, start)
+    return ttt_loss(states, draft.readout, target, index, decay)
+
+
+def batch_loss(
+    draft: DraftNet, b: dict[str, torch.Tensor], cfg: DraftTrainConfig, temperature: float
+):
+    """Offline TTT loss of one collated batch: targets from the stored final states."""
+
+    def target(mask: torch.Tensor) -> torch.Tensor:
+        return (b["final"][mask] @ draft.w) / temperature - b["lse"][mask].unsqueeze(-1)
+
+    return draft_loss(
+        draft,
+        b["tokens"],
+        b["aux"],
+        b["final"],
+        b["lengths"],
+        b["prompt_lens"],
+        target,
+        cfg.ttt_steps,
+        cfg.step_decay,
+    )
 
 
 @torch.no_grad()
 def evaluate(
-    draft: _Draft, seqs: list[Sequence], cfg: DraftTrainConfig, temperature: float
+    draft: DraftNet, seqs: list[Sequence], cfg: DraftTrainConfig, temperature: float
 ) -> dict:
     """Per-step top-1 agreement and expected acceptance on held-out sequences (token-weighted)."""
     sums: dict[str, list[float]] = {"top1": [0.0] * cfg.ttt_steps, "accept": [0.0] * cfg.ttt_steps}
@@ -261,7 +296,7 @@ def train_draft(
         net.load_state_dict(state["net"])
     net.use_packed = False
     net.train()
-    draft = _Draft(cfg.kind, policy, net, vocab)
+    draft = DraftNet(cfg.kind, policy, net, vocab)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     per_epoch = len(_batches(train, cfg.batch_tokens, torch.Generator().manual_seed(cfg.seed)))
@@ -310,7 +345,7 @@ def train_draft(
     return out
 
 
-def _checkpoint(draft: _Draft, opt, step: int, cfg: DraftTrainConfig, out: Path) -> None:
+def _checkpoint(draft: DraftNet, opt, step: int, cfg: DraftTrainConfig, out: Path) -> None:
     """Trainer state (the resume point, written atomically) + the draft in its serving
     layout."""
     out.mkdir(parents=True, exist_ok=True)

@@ -119,6 +119,8 @@ class Engine:
             raise ValueError(f"depth k={self.depth.k_max} needs a drafter")
         self.stats = SpecStats()
         self._collapse = CollapseDetector()
+        self.policy_version = 0
+        """Version of the policy weights (set by weight sync; reported in every Result)."""
 
     # ------------------------------------------------------------------ public API
 
@@ -394,6 +396,8 @@ class Engine:
             logprobs=st.logprobs[b, :n].tolist(),
             finish_reason=reason,
             seed=seed,
+            policy_version=self.policy_version,
+            draft_version=None if self.drafter is None else self.drafter.version,
             spec=SpecStats(
                 drafts=int(st.drafts[b]),
                 draft_tokens=int(st.draft_tokens[b]),

@@ -72,6 +72,10 @@ class Result:
     """Seconds from the start of generate() to this request's first token."""
     latency_s: float
     """Seconds from the start of generate() to this request's last token."""
+    policy_version: int = 0
+    """Version of the policy weights that generated this result (see rl.sync)."""
+    draft_version: int | None = None
+    """Version of the draft weights used (None = no drafter)."""
     spec: SpecStats = field(default_factory=SpecStats)
     """This request's speculation counters: drafts, draft/accepted tokens, acceptance
     length and rate, per-position acceptance (timing and forwards are batch-level)."""

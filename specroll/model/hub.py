@@ -101,6 +101,11 @@ def resolve(model: str, progress: Progress | None = None) -> Path:
     """
     if model.lower() in ALIASES:
         return fetch_default(progress)
+    if model.lower() == "tiny":  # random tiny model for tests and smoke runs (no download)
+        from specroll.model.tiny import build_tiny
+
+        out = home() / "models" / "tiny-v1"
+        return out if (out / "tokenizer.json").is_file() else build_tiny(out)
     path = Path(model).expanduser()
     if path.is_dir():
         return path
@@ -114,6 +119,6 @@ def resolve(model: str, progress: Progress | None = None) -> Path:
             return out
         return convert_gguf(path, out, progress)
     raise ValueError(
-        f"model {model!r} is neither a known name ({', '.join(sorted(ALIASES))}), "
+        f"model {model!r} is neither a known name ({', '.join(sorted([*ALIASES, 'tiny']))}), "
         f"a model directory nor a .gguf file"
     )

@@ -1,0 +1,320 @@
+"""Configuration of `specroll train`: one small dataclass per subsystem.
+
+A preset is a YAML file (`specroll/rl/presets/<name>.yaml`) mapping section → field →
+value; `--set section.field=value` overrides on the command line (values parsed as YAML).
+Unknown sections or fields and values of the wrong type or range are rejected with a
+message that names them and lists what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESETS = Path(__file__).parent / "presets"
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass
+class PolicyConfig:
+    """The policy and its optimizer."""
+
+    model: str = "smollm2"
+    """Policy: 'smollm2' (embedded default), 'tiny' (random tiny model), HF dir or .gguf."""
+    lr: float = 2e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip of the policy update."""
+    micro_batch: int = 16
+    """Sequences per learner forward (gradients accumulate over micro-batches)."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, f"policy.lr must be > 0, got {self.lr}")
+        _check(self.grad_clip > 0, f"policy.grad_clip must be > 0, got {self.grad_clip}")
+        _check(self.micro_batch >= 1, f"policy.micro_batch must be >= 1, got {self.micro_batch}")
+
+
+@dataclass
+class RolloutConfig:
+    """Generation: sampling settings and speculative decoding."""
+
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (and of the log-probs the loss uses)."""
+    max_new_tokens: int = 128
+    """Response budget."""
+    max_batch: int = 32
+    """Engine cache slots (concurrent rollouts)."""
+    speculative: bool = True
+    """Generate with the draft (lossless); False = plain autoregressive decoding."""
+    k: int = 3
+    """Draft tokens per speculative iteration."""
+    spec_max_batch: int = 4
+    """Speculate only while at most this many rows are active (CPU verification is
+    compute bound at larger batches; see `specroll bench engine`)."""
+
+    def __post_init__(self) -> None:
+        _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
+        _check(
+            self.max_new_tokens >= 1,
+            f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}",
+        )
+        _check(self.max_batch >= 1, f"rollout.max_batch must be >= 1, got {self.max_batch}")
+        _check(self.k >= 1, f"rollout.k must be >= 1, got {self.k}")
+        _check(
+            self.spec_max_batch >= 0,
+            f"rollout.spec_max_batch must be >= 0, got {self.spec_max_batch}",
+        )
+
+
+@dataclass
+class DraftConfig:
+    """The EAGLE-3 draft and its online training."""
+
+    init: str = "default"
+    """'default' (in-domain draft built once and cached), 'random', or a draft directory."""
+    online: bool = True
+    """Train the draft every step on the policy forward's detached features."""
+    weight: float = 1.0
+    """lambda: weight of the draft loss (it has its own optimizer; see learner)."""
+    lr: float = 3e-4
+    """Draft AdamW learning rate."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip of the draft update (separate from the policy's)."""
+    ttt_steps: int = 3
+    """Training-time-test unroll of the online draft loss."""
+    draft_vocab_size: int = 8192
+    """Draft vocabulary when init='random'."""
+
+    def __post_init__(self) -> None:
+        _check(self.weight >= 0, f"draft.weight must be >= 0, got {self.weight}")
+        _check(self.lr > 0, f"draft.lr must be > 0, got {self.lr}")
+        _check(self.ttt_steps >= 1, f"draft.ttt_steps must be >= 1, got {self.ttt_steps}")
+
+
+@dataclass
+class LossConfig:
+    """GRPO / DAPO objective (see rl.loss)."""
+
+    clip_low: float = 0.2
+    """Lower clip range: ratio >= 1 - clip_low."""
+    clip_high: float = 0.28
+    """Upper clip range (DAPO clip-higher): ratio <= 1 + clip_high."""
+    token_level: bool = True
+    """Token-level aggregation (DAPO); False = mean per sequence, then over sequences."""
+    drop_uniform_groups: bool = True
+    """Drop groups whose rewards are all equal (DAPO dynamic sampling, without refill)."""
+    overlong_buffer: int = 0
+    """Soft overlong penalty over the last this-many tokens of the budget (0 = off)."""
+    kl_coef: float = 0.0
+    """KL penalty to the initial policy (k3 estimator); 0 = off (no reference copy)."""
+    scale_advantages: bool = True
+    """Divide advantages by the group std (GRPO); False = mean-centred only."""
+    updates_per_step: int = 1
+    """Optimizer steps per RL step (the batch is split; >1 makes the clip matter)."""
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.clip_low < 1, f"loss.clip_low must be in [0, 1), got {self.clip_low}")
+        _check(self.clip_high >= 0, f"loss.clip_high must be >= 0, got {self.clip_high}")
+        _check(
+            self.overlong_buffer >= 0,
+            f"loss.overlong_buffer must be >= 0, got {self.overlong_buffer}",
+        )
+        _check(self.kl_coef >= 0, f"loss.kl_coef must be >= 0, got {self.kl_coef}")
+        _check(
+            self.updates_per_step >= 1,
+            f"loss.updates_per_step must be >= 1, got {self.updates_per_step}",
+        )
+
+
+@dataclass
+class DataConfig:
+    """Prompts, groups and validation."""
+
+    task: str = "math"
+    """'math' (procedural arithmetic) or a JSONL/Parquet file with prompts and answers."""
+    levels: tuple[int, ...] = (1, 2)
+    """Difficulty levels of the math task (mixed round-robin)."""
+    prompts_per_step: int = 8
+    """Prompts per RL step."""
+    group_size: int = 8
+    """Samples per prompt (G)."""
+    val_size: int = 64
+    """Held-out validation prompts (0 = no validation)."""
+    val_every: int = 5
+    """Validate every this many steps (and at the end)."""
+
+    def __post_init__(self) -> None:
+        self.levels = tuple(int(x) for x in self.levels)
+        from specroll.rl.tasks.arithmetic import LEVELS
+
+        bad = [lv for lv in self.levels if lv not in LEVELS]
+        _check(
+            bool(self.levels) and not bad,
+            f"data.levels must be a non-empty subset of {sorted(LEVELS)}, got {list(self.levels)}",
+        )
+        _check(
+            self.prompts_per_step >= 1,
+            f"data.prompts_per_step must be >= 1, got {self.prompts_per_step}",
+        )
+        _check(
+            self.group_size >= 2,
+            f"data.group_size must be >= 2 (GRPO compares samples), got {self.group_size}",
+        )
+        _check(self.val_size >= 0, f"data.val_size must be >= 0, got {self.val_size}")
+        _check(self.val_every >= 1, f"data.val_every must be >= 1, got {self.val_every}")
+
+
+@dataclass
+class PipelineConfig:
+    """The run: length, seed, checkpoints."""
+
+    steps: int = 10
+    """RL steps."""
+    seed: int = 0
+    """Seeds data order, rollouts, and initialisation."""
+    out_dir: str = "runs/default"
+    """Metrics, checkpoints and the final policy/draft go here."""
+    checkpoint_every: int = 5
+    """Steps between checkpoints (0 = only at the end and on Ctrl-C)."""
+    keep_checkpoints: int = 2
+    """Most recent checkpoints kept."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, f"pipeline.steps must be >= 1, got {self.steps}")
+        _check(
+            self.checkpoint_every >= 0,
+            f"pipeline.checkpoint_every must be >= 0, got {self.checkpoint_every}",
+        )
+        _check(
+            self.keep_checkpoints >= 1,
+            f"pipeline.keep_checkpoints must be >= 1, got {self.keep_checkpoints}",
+        )
+
+
+@dataclass
+class LogConfig:
+    """Where metrics go."""
+
+    tensorboard: bool = False
+    """Also write TensorBoard events (needs the tensorboard package)."""
+    progress: bool = True
+    """Rich progress display."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything `specroll train` runs with."""
+
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _coerce(where: str, value: Any, typ: Any) -> Any:
+    """Check/convert a YAML value to a field's annotated type."""
+    if isinstance(typ, str):
+        typ = eval(typ, {"tuple": tuple, "int": int, "float": float, "str": str, "bool": bool})  # noqa: S307
+    origin = typing.get_origin(typ)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where} must be a list, got {value!r}")
+        return tuple(_coerce(where, v, typing.get_args(typ)[0]) for v in value)
+    if origin in (typing.Union, types.UnionType):
+        return value
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, got {value!r}")
+        return value
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is float and isinstance(value, str):  # PyYAML reads "3e-3" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if typ in (int, float, str) and not (isinstance(value, typ) and not isinstance(value, bool)):
+        raise ValueError(f"{where} must be {typ.__name__}, got {value!r}")
+    return value
+
+
+SECTIONS: dict[str, type] = {
+    "policy": PolicyConfig,
+    "rollout": RolloutConfig,
+    "draft": DraftConfig,
+    "loss": LossConfig,
+    "data": DataConfig,
+    "pipeline": PipelineConfig,
+    "log": LogConfig,
+}
+
+
+def from_dict(raw: dict[str, Any]) -> TrainConfig:
+    """Build a TrainConfig from {section: {field: value}}; unknown names are errors."""
+    kwargs = {}
+    for name, values in (raw or {}).items():
+        if name not in SECTIONS:
+            raise ValueError(f"unknown config section {name!r}; sections: {', '.join(SECTIONS)}")
+        if not isinstance(values, dict):
+            raise ValueError(f"config section {name!r} must be a mapping, got {values!r}")
+        cls = SECTIONS[name]
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        args = {}
+        for key, value in values.items():
+            if key not in fields:
+                allowed = ", ".join(fields)
+                raise ValueError(f"unknown config key {name}.{key}; {name} has: {allowed}")
+            args[key] = _coerce(f"{name}.{key}", value, fields[key])
+        kwargs[name] = cls(**args)
+    return TrainConfig(**kwargs)
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    """Raw mapping of a preset name or a YAML file path."""
+    path = Path(name)
+    if not path.suffix:
+        path = PRESETS / f"{name}.yaml"
+        if not path.is_file():
+            names = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+            raise ValueError(f"unknown preset {name!r}; presets: {', '.join(names)}")
+    elif not path.is_file():
+        raise ValueError(f"config file {path} does not exist")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a mapping of sections")
+    return raw
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply 'section.key=value' strings (value parsed as YAML) to a raw mapping."""
+    out = {k: dict(v or {}) for k, v in raw.items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise ValueError(f"--set expects section.key=value, got {item!r}")
+        out.setdefault(section, {})[name] = yaml.safe_load(text)
+    return out
+
+
+def build_config(preset: str = "default", overrides: list[str] | None = None) -> TrainConfig:
+    """Preset (name or YAML path) + overrides → validated TrainConfig."""
+    return from_dict(apply_overrides(load_preset(preset), overrides or []))

@@ -1,0 +1,75 @@
+"""GRPO / DAPO objective as pure tensor functions, one per concern.
+
+GRPO (DeepSeekMath, arXiv 2402.03300): G samples per prompt, advantage = reward minus the
+group mean, divided by the group std. DAPO (arXiv 2503.14476) adds four options, each
+its own function here: asymmetric clipping ("clip-higher", eps_low < eps_high keeps
+low-probability tokens able to grow), token-level aggregation (every token of the batch
+weighs the same, so long answers are not down-weighted), dropping groups whose rewards
+are all equal (zero advantage, pure noise in the batch), and a soft penalty on responses
+that run into the length limit. A KL penalty to a reference policy (k3 estimator,
+Schulman 2020) is optional. Shapes: rewards [P, G]; per-token tensors [N, T] with a
+response mask (True = a generated token).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = True) -> torch.Tensor:
+    """[P, G] rewards → [P, G] advantages: (r - mean_g) / (std_g + eps) (std unbiased=False);
+    scale=False keeps only the mean subtraction (Dr. GRPO)."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if not scale:
+        return centred
+    return centred / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
+
+
+def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """[P] True where a group's rewards are not all equal (DAPO dynamic sampling)."""
+    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int) -> torch.Tensor:
+    """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -1 at
+    max_len (lengths in tokens)."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    over = (lengths.float() - (max_len - buffer)).clamp(min=0) / buffer
+    return -over.clamp(max=1.0)
+
+
+def clipped_objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO surrogate to *minimise* and a clipped-token indicator.
+
+    logp, old_logp: [N, T]; advantages: [N] (one per sequence) or [N, T].
+    loss = -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r = exp(logp - old_logp).
+    """
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    ratio = torch.exp(logp - old_logp)
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+    unclipped_obj, clipped_obj = ratio * adv, clipped * adv
+    loss = -torch.minimum(unclipped_obj, clipped_obj)
+    return loss, (clipped_obj < unclipped_obj).float()
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, token_level: bool) -> torch.Tensor:
+    """Reduce [N, T] to a scalar over masked tokens: token-level (DAPO: sum / total tokens)
+    or sequence-level (GRPO: mean per sequence, then mean over sequences)."""
+    m = mask.float()
+    if token_level:
+        return (per_token * m).sum() / m.sum().clamp(min=1)
+    per_seq = (per_token * m).sum(-1) / m.sum(-1).clamp(min=1)
+    return per_seq.mean()

@@ -1,0 +1,432 @@
+"""`specroll train`: the synchronous GRPO/DAPO pipeline with speculative rollouts.
+
+Each step runs the stages NeMo-RL names (paper §1.2), timed separately:
+
+  gen      sample prompts, G rollouts each (speculative or plain, lossless either way)
+  reward   math-verify the answers; group advantages (DAPO filters)
+  logprob  recompute the tempered log-probs with the learner's policy (and reference)
+  train    policy update + online draft update from the same forward
+  prepare  publish the new weights to the engine (versioned)
+
+Everything random is a function of (seed, step): the prompts of step s are the task
+generator's items s*P..s*P+P-1 and every rollout has its own counter-based seed, so a
+run resumed from a checkpoint repeats the uninterrupted one exactly. Ctrl-C stops at the
+next stage boundary, saves a checkpoint of the last completed step and exits; a second
+Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from specroll.drafters.eagle3 import Eagle3Drafter, Eagle3Head, load_eagle3, save_eagle3
+from specroll.drafters.train import DraftNet, new_eagle3
+from specroll.engine.depth import FixedDepth
+from specroll.engine.engine import Engine, EngineConfig
+from specroll.engine.request import Request, SamplingParams
+from specroll.model.transformer import Transformer
+from specroll.rl import checkpoint
+from specroll.rl import loss as L
+from specroll.rl.config import TrainConfig
+from specroll.rl.learner import Batch, Learner
+from specroll.rl.sync import LocalSync
+from specroll.rl.tasks.arithmetic import Problem
+from specroll.rl.tasks.reward import math_reward
+from specroll.rl.tasks.sets import encode, load_file, math_problems
+
+VAL_SEED_OFFSET = 10_000
+"""Validation problems come from seed + this (a separate stream from training's)."""
+
+
+class Interrupted(Exception):
+    """Raised at a stage boundary after Ctrl-C; the pipeline saves and exits."""
+
+
+class Trainer:
+    """Owns the policy, draft, engine, learner and the step loop."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        policy: Transformer,
+        tok,
+        draft: Eagle3Head | None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg, self.tok, self.log = cfg, tok, log
+        self.out = Path(cfg.pipeline.out_dir)
+        torch.manual_seed(cfg.pipeline.seed)
+        self.policy = policy
+        self.draft = draft
+        # the engine owns separate copies: the learner's weights carry autograd state
+        self.engine_policy = copy.deepcopy(policy).eval()
+        drafter, depth = None, None
+        self.engine_draft = None
+        if draft is not None and cfg.rollout.speculative:
+            self.engine_draft = Eagle3Head(draft.cfg, self.engine_policy).eval()
+            self.engine_draft.load_state_dict(draft.state_dict())
+            drafter = Eagle3Drafter(self.engine_draft)
+            depth = FixedDepth(cfg.rollout.k, max_batch=cfg.rollout.spec_max_batch)
+        self.engine = Engine(
+            self.engine_policy, EngineConfig(max_batch=cfg.rollout.max_batch), drafter, depth
+        )
+        self.sync = LocalSync(self.engine, self.engine_draft)
+        reference = None
+        if cfg.loss.kl_coef > 0:
+            reference = copy.deepcopy(policy).eval().requires_grad_(False)
+        net = None
+        if draft is not None:
+            vocab = torch.arange(draft.cfg.draft_vocab_size) + draft.d2t
+            net = DraftNet("eagle3", policy, draft, vocab)
+        self.learner = Learner(
+            policy, cfg.policy, cfg.loss, cfg.rollout.temperature, net, cfg.draft, reference
+        )
+        self.step = 0
+        self._stop = False
+        self._file_items: list[Problem] | None = None
+        if cfg.data.task != "math":
+            items = load_file(cfg.data.task)
+            if not all(p.answer for p in items):
+                raise ValueError(f"{cfg.data.task}: every record needs an answer for the reward")
+            if len(items) <= cfg.data.val_size:
+                raise ValueError(
+                    f"{cfg.data.task} holds {len(items)} problems, not more than "
+                    f"data.val_size={cfg.data.val_size}"
+                )
+            self._file_items = items
+
+    # ------------------------------------------------------------------ data
+
+    def problems(self, step: int) -> list[Problem]:
+        """The prompts of `step` (a pure function of seed and step)."""
+        d, seed = self.cfg.data, self.cfg.pipeline.seed
+        P = d.prompts_per_step
+        if self._file_items is None:
+            return math_problems((step + 1) * P, seed, d.levels)[step * P :]
+        train = self._file_items[: len(self._file_items) - d.val_size]
+        out = []
+        for i in range(step * P, (step + 1) * P):
+            epoch, j = divmod(i, len(train))
+            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed + epoch))
+            out.append(train[int(perm[j])])
+        return out
+
+    def validation(self) -> list[Problem]:
+        d = self.cfg.data
+        if self._file_items is not None:
+            return self._file_items[len(self._file_items) - d.val_size :]
+        return math_problems(d.val_size, self.cfg.pipeline.seed + VAL_SEED_OFFSET, d.levels)
+
+    def _requests(self, problems: list[Problem], samples: int, base_seed: int) -> list[Request]:
+        r = self.cfg.rollout
+        reqs = []
+        for i, p in enumerate(problems):
+            ids = encode(self.tok, p)
+            for g in range(samples):
+                params = SamplingParams(
+                    r.temperature, max_new_tokens=r.max_new_tokens, seed=base_seed + i * samples + g
+                )
+                reqs.append(Request(ids, params))
+        return reqs
+
+    def _rewards(self, problems: list[Problem], results, samples: int) -> torch.Tensor:
+        out = []
+        for i, res in enumerate(results):
+            p = problems[i // samples]
+            text = p.response_prefix + self.tok.decode(res.token_ids)
+            out.append(math_reward(text, p.answer))
+        return torch.tensor(out).view(len(problems), samples)
+
+    # ------------------------------------------------------------------ step
+
+    def _check_stop(self) -> None:
+        if self._stop:
+            raise Interrupted
+
+    def run_step(self) -> dict:
+        """One RL step; returns its metrics."""
+        cfg, s = self.cfg, self.step
+        d = cfg.data
+        G = d.group_size
+        t = {"prepare": 0.0}
+        torch.manual_seed(cfg.pipeline.seed * 1_000_003 + s)
+
+        t0 = time.perf_counter()
+        problems = self.problems(s)
+        reqs = self._requests(problems, G, base_seed=(cfg.pipeline.seed * 1_000_003 + s) * 100_000)
+        results = self.engine.generate(reqs)
+        t["gen"] = time.perf_counter() - t0
+        want = (s, s if self.engine_draft is not None else None)
+        got = {(r.policy_version, r.draft_version) for r in results}
+        if got != {want}:
+            raise RuntimeError(f"rollouts were generated with versions {got}, expected {want}")
+        spec = self.engine.stats
+        self._check_stop()
+
+        t0 = time.perf_counter()
+        rewards = self._rewards(problems, results, G)  # [P, G]
+        lengths_resp = torch.tensor([len(r.token_ids) for r in results])
+        shaped = rewards + L.overlong_penalty(
+            lengths_resp, cfg.rollout.max_new_tokens, cfg.loss.overlong_buffer
+        ).view_as(rewards)
+        adv = L.group_advantages(shaped, scale=cfg.loss.scale_advantages)  # [P, G]
+        keep = (
+            L.informative_groups(shaped)
+            if cfg.loss.drop_uniform_groups
+            else torch.ones(len(problems), dtype=torch.bool)
+        )
+        t["reward"] = time.perf_counter() - t0
+
+        metrics: dict = {}
+        rows = [i for i in range(len(results)) if bool(keep[i // G])]
+        t["logprob"] = t["train"] = 0.0
+        if rows:
+            batch = self._batch([results[i] for i in rows], adv.view(-1)[rows])
+            t0 = time.perf_counter()
+            old = self.learner.logprobs(batch)
+            ref = (
+                self.learner.logprobs(batch, self.learner.reference)
+                if self.learner.reference
+                else None
+            )
+            mask = batch.response_mask
+            metrics["logprob_mismatch_max"] = float(
+                ((old - batch.behaviour_logp).abs() * mask).max()
+            )
+            t["logprob"] = time.perf_counter() - t0
+            self._check_stop()
+            t0 = time.perf_counter()
+            metrics.update(self.learner.train(batch, old, ref))
+            t["train"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self.step = s + 1
+        self.sync.publish(self.step, self.policy, self.draft)
+        t["prepare"] = time.perf_counter() - t0
+
+        n_tok = int(lengths_resp.sum())
+        total = sum(t.values())
+        metrics.update(
+            step=self.step,
+            time={k: round(v, 3) for k, v in t.items()},
+            step_s=round(total, 3),
+            gen_tokens=n_tok,
+            gen_tok_s=round(n_tok / max(t["gen"], 1e-9), 2),
+            reward=round(float(rewards.mean()), 4),
+            accuracy=round(float((rewards > 0).float().mean()), 4),
+            response_len_mean=round(float(lengths_resp.float().mean()), 2),
+            response_len_max=int(lengths_resp.max()),
+            groups_kept=int(keep.sum()),
+            groups=len(problems),
+            acceptance_length=round(spec.acceptance_length, 4) if spec.drafts else None,
+            per_position=[round(x, 4) for x in spec.per_position] if spec.drafts else None,
+            policy_version=self.step,
+        )
+        return metrics
+
+    def _batch(self, results, advantages: torch.Tensor) -> Batch:
+        n = len(results)
+        lens = [len(r.prompt_ids) + len(r.token_ids) for r in results]
+        W = max(lens)
+        tokens = torch.zeros(n, W, dtype=torch.long)
+        beh = torch.zeros(n, W)
+        for i, r in enumerate(results):
+            P = len(r.prompt_ids)
+            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids + r.token_ids)
+            beh[i, P : lens[i]] = torch.tensor(r.logprobs)
+        return Batch(
+            tokens,
+            torch.tensor([len(r.prompt_ids) for r in results]),
+            torch.tensor(lens),
+            advantages.float(),
+            beh,
+        )
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        """Accuracy (one sample per held-out prompt, fixed seeds) of the current policy."""
+        probs = self.validation()
+        if not probs:
+            return float("nan")
+        results = self.engine.generate(self._requests(probs, 1, base_seed=7_777_777))
+        return round(float(self._rewards(probs, results, 1).mean()), 4)
+
+    # ------------------------------------------------------------------ state
+
+    def state(self) -> dict:
+        out = {
+            "config": self.cfg.to_dict(),
+            "policy": self.policy.state_dict(),
+            "policy_opt": self.learner.opt.state_dict(),
+        }
+        if self.draft is not None:
+            out["draft"] = self.draft.state_dict()
+        if self.learner.draft_opt is not None:
+            out["draft_opt"] = self.learner.draft_opt.state_dict()
+        return out
+
+    def restore(self, state: dict) -> None:
+        mine, theirs = self.cfg.to_dict(), state["config"]
+        for sec in mine:
+            for key in mine[sec]:
+                if (sec, key) in (
+                    ("pipeline", "steps"),
+                    ("log", "progress"),
+                    ("log", "tensorboard"),
+                ):
+                    continue
+                old = theirs.get(sec, {}).get(key)
+                if _norm(mine[sec][key]) != _norm(old):
+                    raise ValueError(
+                        f"checkpoint was written with {sec}.{key}={old!r}, this run has "
+                        f"{mine[sec][key]!r}; resume with the same settings"
+                    )
+        with torch.no_grad():
+            self.policy.load_state_dict(state["policy"])
+            if self.draft is not None:
+                self.draft.load_state_dict(state["draft"])
+        self.learner.opt.load_state_dict(state["policy_opt"])
+        if self.learner.draft_opt is not None:
+            self.learner.draft_opt.load_state_dict(state["draft_opt"])
+        self.step = state["step"]
+        self.sync.publish(self.step, self.policy, self.draft)
+
+    def save_checkpoint(self) -> Path:
+        return checkpoint.save(
+            self.out / "checkpoints", self.step, self.state(), self.cfg.pipeline.keep_checkpoints
+        )
+
+    # ------------------------------------------------------------------ loop
+
+    def run(
+        self, resume: bool = False, on_step: Callable[[dict], None] | None = None
+    ) -> list[dict]:
+        """Run to `pipeline.steps`; metrics go to out_dir/metrics.jsonl."""
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        metrics_path = self.out / "metrics.jsonl"
+        if resume:
+            ck = checkpoint.latest(self.out / "checkpoints")
+            if ck is None:
+                raise ValueError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
+            self.restore(checkpoint.load(ck))
+            self.log(f"resumed from {ck} (step {self.step})")
+            kept = [
+                line
+                for line in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
+                if json.loads(line).get("step", 0) <= self.step
+            ]
+            metrics_path.write_text("".join(line + "\n" for line in kept))
+        else:
+            metrics_path.write_text("")
+            (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        writer = _tensorboard(self.out) if cfg.log.tensorboard else None
+        history: list[dict] = []
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum, frame):  # first Ctrl-C: stop at the next boundary
+            if self._stop:
+                raise KeyboardInterrupt
+            self._stop = True
+            self.log("Ctrl-C: finishing the current stage, then saving a checkpoint")
+
+        signal.signal(signal.SIGINT, on_sigint)
+        try:
+            while self.step < cfg.pipeline.steps:
+                m = self.run_step()
+                if cfg.data.val_size and (
+                    self.step % cfg.data.val_every == 0 or self.step == cfg.pipeline.steps
+                ):
+                    m["val_accuracy"] = self.validate()
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(m) + "\n")
+                if writer is not None:
+                    _tb_write(writer, m)
+                history.append(m)
+                if on_step:
+                    on_step(m)
+                every = cfg.pipeline.checkpoint_every
+                if every and self.step % every == 0 and self.step < cfg.pipeline.steps:
+                    self.save_checkpoint()
+                self._check_stop()
+        except Interrupted:
+            path = self.save_checkpoint()
+            self.log(f"saved {path}; continue with --resume")
+            raise KeyboardInterrupt from None
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if writer is not None:
+                writer.close()
+        self.save_checkpoint()
+        self._export()
+        return history
+
+    def _export(self) -> None:
+        """The trained policy (HF dir, with tokenizer) and draft (vLLM EAGLE-3 layout)."""
+        from specroll.model.weights import save_model
+
+        save_model(self.policy, self.out / "policy")
+        self.tok.hf.save_pretrained(str(self.out / "policy"))
+        if self.draft is not None:
+            save_eagle3(self.draft, self.out / "draft")
+
+
+def _norm(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _tensorboard(out: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        raise ValueError("log.tensorboard=true needs the tensorboard package installed") from e
+    return SummaryWriter(str(out / "tb"))
+
+
+def _tb_write(writer, m: dict) -> None:
+    for k, v in m.items():
+        if isinstance(v, (int, float)) and k != "step":
+            writer.add_scalar(k, v, m["step"])
+        elif isinstance(v, dict):
+            for kk, vv in v.items():
+                writer.add_scalar(f"{k}/{kk}", vv, m["step"])
+
+
+def build_draft(
+    cfg: TrainConfig, policy: Transformer, tok, policy_dir: Path, progress=None
+) -> Eagle3Head | None:
+    """The draft the run starts from (None when speculation and online training are off)."""
+    if not cfg.rollout.speculative and not cfg.draft.online:
+        return None
+    init = cfg.draft.init
+    if init == "random":
+        g = torch.Generator().manual_seed(cfg.pipeline.seed)
+        size = min(cfg.draft.draft_vocab_size, policy.cfg.vocab_size)
+        vocab = torch.randperm(policy.cfg.vocab_size, generator=g)[:size].sort().values
+        from specroll.drafters.data import default_aux_layers
+
+        return new_eagle3(policy, vocab, default_aux_layers(policy), cfg.pipeline.seed)
+    if init == "default":
+        from specroll.drafters.default import default_draft
+
+        path = default_draft(policy, tok, policy_dir, progress=progress)
+    else:
+        path = Path(init)
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"draft.init={init!r}: expected 'default', 'random' or a draft directory"
+            )
+    return load_eagle3(path, policy.cfg, embed=policy)
+
+
+def config_summary(cfg: TrainConfig) -> str:
+    d = asdict(cfg)
+    return ", ".join(f"{k}={v}" for k, v in d["pipeline"].items())

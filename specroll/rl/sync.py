@@ -1,0 +1,66 @@
+"""Weight sync (stage `prepare`): learner → rollout engine, versioned.
+
+After every update the learner publishes its policy and draft weights with `version` =
+the learner step. A backend receives them; the engine stamps every result with the
+versions it generated with, and the pipeline asserts those are the ones it expects (in
+synchronous mode, the latest). `WeightSync` is the interface a multi-process (Ray) or
+vLLM backend implements; `LocalSync` is the single-process one: the engine owns its own
+copy of the weights (the learner's are being differentiated; the engine's are prepacked
+for inference), and publishing copies tensors in place.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specroll.engine.engine import Engine
+
+
+class WeightSync:
+    """Deliver versioned policy (and draft) weights to the rollout side."""
+
+    def publish(self, version: int, policy: nn.Module, draft: nn.Module | None) -> None:
+        raise NotImplementedError
+
+    def versions(self) -> tuple[int, int | None]:
+        """(policy, draft) versions the rollout side holds now."""
+        raise NotImplementedError
+
+
+def _copy_into(dst: nn.Module, src: nn.Module, what: str) -> None:
+    """Copy src's state into dst in place; refuse any shape/name mismatch loudly."""
+    s, d = src.state_dict(), dst.state_dict()
+    if s.keys() != d.keys():
+        raise ValueError(
+            f"{what} weights do not match the engine's: names differ "
+            f"({sorted(set(s) ^ set(d))[:5]})"
+        )
+    for name, t in s.items():
+        if t.shape != d[name].shape:
+            raise ValueError(
+                f"{what} tensor {name} has shape {tuple(t.shape)}, "
+                f"the engine's {tuple(d[name].shape)}"
+            )
+    with torch.no_grad():
+        for name, t in s.items():
+            d[name].copy_(t)
+
+
+class LocalSync(WeightSync):
+    """In-process sync into an engine's own model (and its drafter's network)."""
+
+    def __init__(self, engine: Engine, engine_draft: nn.Module | None = None) -> None:
+        self.engine = engine
+        self.engine_draft = engine_draft
+
+    def publish(self, version: int, policy: nn.Module, draft: nn.Module | None) -> None:
+        _copy_into(self.engine.model, policy, "policy")
+        self.engine.policy_version = version
+        if draft is not None and self.engine_draft is not None:
+            _copy_into(self.engine_draft, draft, "draft")
+            self.engine.drafter.version = version
+
+    def versions(self) -> tuple[int, int | None]:
+        d = self.engine.drafter
+        return self.engine.policy_version, None if d is None else d.version

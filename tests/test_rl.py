@@ -1,0 +1,184 @@
+"""The RL loop: loss functions against hand-computed values, gradient isolation between
+policy and draft, online draft learning, versioned sync, exact resume, config errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from specroll.rl import loss as L
+from specroll.rl.config import build_config
+
+
+def test_group_advantages_by_hand():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
+    adv = L.group_advantages(r, eps=0.0 + 1e-12)
+    assert torch.allclose(adv[0], torch.tensor([1.0, -1.0, -1.0, 1.0]))  # mean .5, std .5
+    assert torch.equal(adv[1], torch.zeros(4))
+    assert torch.allclose(
+        L.group_advantages(r, scale=False)[0], torch.tensor([0.5, -0.5, -0.5, 0.5])
+    )
+    assert L.informative_groups(r).tolist() == [True, False]
+
+
+def test_clipped_objective_clip_higher_by_hand():
+    old = torch.zeros(1, 3)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.1]]))  # ratios 1.5, 0.5, 1.1
+    loss, clipped = L.clipped_objective(
+        logp, old, torch.tensor([1.0]), clip_low=0.2, clip_high=0.28
+    )
+    # A > 0: min(r, clip(r)) → 1.28, 0.5, 1.1
+    assert torch.allclose(loss, -torch.tensor([[1.28, 0.5, 1.1]]))
+    assert clipped.tolist() == [[1.0, 0.0, 0.0]]
+    loss, clipped = L.clipped_objective(
+        logp, old, torch.tensor([-2.0]), clip_low=0.2, clip_high=0.28
+    )
+    # A < 0: min(-2r, -2clip(r)) → -3.0, -1.6 (clipped at 0.8), -2.2
+    assert torch.allclose(loss, torch.tensor([[3.0, 1.6, 2.2]]))
+    assert clipped.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_aggregation_token_vs_sequence_level():
+    x = torch.tensor([[1.0, 1.0, 1.0, 1.0], [4.0, 0.0, 0.0, 0.0]])
+    m = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    assert L.aggregate(x, m, token_level=True).item() == pytest.approx(8 / 5)
+    assert L.aggregate(x, m, token_level=False).item() == pytest.approx((1 + 4) / 2)
+
+
+def test_overlong_penalty_and_kl_by_hand():
+    p = L.overlong_penalty(torch.tensor([10, 90, 95, 100, 120]), max_len=100, buffer=10)
+    assert torch.allclose(p, torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0]))
+    assert torch.equal(L.overlong_penalty(torch.tensor([100]), 100, 0), torch.zeros(1))
+    lp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    assert L.kl_k3(lp, ref).item() == pytest.approx(0.5 - math.log(0.5) - 1)
+    assert L.kl_k3(lp, lp).item() == 0.0
+
+
+# ---------------------------------------------------------------------- learner
+
+
+@pytest.fixture()
+def tiny_setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path / "home"))
+    from specroll.model import load_model
+    from specroll.model.hub import resolve
+    from specroll.model.tokenizer import Tokenizer
+
+    d = resolve("tiny")
+    return load_model(d), Tokenizer(d)
+
+
+def _trainer(tiny_setup, tmp_path, *overrides):
+    from specroll.rl.pipeline import Trainer, build_draft
+
+    policy, tok = tiny_setup
+    cfg = build_config("tiny", [f"pipeline.out_dir={tmp_path / 'run'}", *overrides])
+    draft = build_draft(cfg, policy, tok, tmp_path)
+    return Trainer(cfg, policy, tok, draft, log=lambda m: None)
+
+
+def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path):
+    t = _trainer(tiny_setup, tmp_path)
+    results = t.engine.generate(t._requests(t.problems(0), 2, base_seed=5))
+    batch = t._batch(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
+    old = t.learner.logprobs(batch) - 0.05  # ratios != 1: a non-trivial policy gradient
+    learner, policy, draft = t.learner, t.policy, t.draft
+    out = policy(batch.tokens, hidden_layers=draft.cfg.aux_layers)
+    from specroll.rl.learner import token_logprobs
+
+    logp = token_logprobs(out.logits, batch.tokens, 1.0)
+    pl, _ = L.clipped_objective(logp, old, batch.advantages, 0.2, 0.28)
+    policy_loss = L.aggregate(pl, batch.response_mask, True)
+    draft_loss, _ = learner._draft_loss(batch, out)
+    p_params, d_params = list(policy.parameters()), list(draft.parameters())
+    g = torch.autograd.grad(draft_loss, p_params + d_params, allow_unused=True, retain_graph=True)
+    assert all(x is None or torch.count_nonzero(x) == 0 for x in g[: len(p_params)])
+    assert any(x is not None and torch.count_nonzero(x) > 0 for x in g[len(p_params) :])
+    g = torch.autograd.grad(policy_loss, p_params + d_params, allow_unused=True)
+    assert all(x is None or torch.count_nonzero(x) == 0 for x in g[len(p_params) :])
+    assert any(x is not None and torch.count_nonzero(x) > 0 for x in g[: len(p_params)])
+
+
+def test_engine_logprobs_match_learner_and_versions_are_checked(tiny_setup, tmp_path):
+    t = _trainer(tiny_setup, tmp_path)
+    m = t.run_step()
+    assert m["logprob_mismatch_max"] <= 1e-5
+    assert m["policy_version"] == 1 and t.engine.policy_version == 1
+    assert t.engine.drafter.version == 1
+    t.engine.policy_version = 0  # a stale engine must be caught, not silently trained on
+    with pytest.raises(RuntimeError, match="versions"):
+        t.run_step()
+
+
+def test_sync_refuses_a_mismatched_draft(tiny_setup, tmp_path):
+    from specroll.drafters.train import new_eagle3
+
+    t = _trainer(tiny_setup, tmp_path)
+    other = new_eagle3(t.policy, torch.arange(32), t.draft.cfg.aux_layers, 0)
+    with pytest.raises(ValueError, match="lm_head"):
+        t.sync.publish(1, t.policy, other)
+
+
+def test_online_draft_improves_acceptance(tiny_setup, tmp_path):
+    """A random draft on the tiny policy, trained online only, accepts more over steps
+    (speculation off in generation so the measurement does not feed back)."""
+    t = _trainer(tiny_setup, tmp_path, "pipeline.steps=12", "draft.lr=3e-3", "data.val_size=0")
+    accepts = [t.run_step()["draft_accept"][0] for _ in range(12)]
+    assert sum(accepts[-3:]) / 3 > sum(accepts[:3]) / 3 + 0.05, accepts
+
+
+def _comparable(m: dict) -> dict:
+    return {k: v for k, v in m.items() if k not in ("time", "step_s", "gen_tok_s")}
+
+
+def test_interrupted_and_resumed_run_repeats_the_uninterrupted_one(tiny_setup, tmp_path):
+    from specroll.model import load_model
+    from specroll.model.hub import resolve
+
+    full = _trainer(tiny_setup, tmp_path / "a").run()
+    fresh = (load_model(resolve("tiny")), tiny_setup[1])
+    t = _trainer(fresh, tmp_path / "b")
+
+    def stop_after_two(m):
+        if m["step"] == 2:
+            t._stop = True  # what Ctrl-C does
+
+    with pytest.raises(KeyboardInterrupt):
+        t.run(on_step=stop_after_two)
+    resumed = _trainer((load_model(resolve("tiny")), tiny_setup[1]), tmp_path / "b")
+    resumed.run(resume=True)
+    lines = (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [_comparable(json.loads(x)) for x in lines] == [_comparable(m) for m in full]
+    assert (tmp_path / "b" / "run" / "draft" / "config.json").is_file()
+    assert (tmp_path / "b" / "run" / "policy" / "tokenizer.json").is_file()
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(ValueError, match="unknown config key loss.clip_hi;"):
+        build_config("tiny", ["loss.clip_hi=0.3"])
+    with pytest.raises(ValueError, match="rollout.k must be >= 1"):
+        build_config("tiny", ["rollout.k=0"])
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        build_config("huge")
+    with pytest.raises(ValueError, match="section.key=value"):
+        build_config("tiny", ["steps=3"])
+    assert build_config("default", ["loss.clip_high=0.3"]).loss.clip_high == 0.3
+
+
+def test_dapo_style_file_task(tmp_path):
+    from specroll.rl.tasks.sets import load_file
+
+    f = tmp_path / "dapo.jsonl"
+    rec = {
+        "prompt": [{"role": "user", "content": "What is 2+2?"}],
+        "reward_model": {"ground_truth": "4"},
+    }
+    f.write_text(json.dumps(rec) + "\n" + json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    items = load_file(f)
+    assert [(p.prompt, p.answer) for p in items] == [("What is 2+2?", "4"), ("1+1?", "2")]
+    (tmp_path / "bad.jsonl").write_text("{nope\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        load_file(tmp_path / "bad.jsonl")
