@@ -383,6 +383,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         task = bar.add_task("RL steps", total=cfg.pipeline.steps, completed=trainer.step)
 
         def on_step(m: dict) -> None:
+            if "time" not in m:
+                return
             t = m["time"]
             al = m["acceptance_length"]
             table.add_row(

@@ -34,3 +34,13 @@ def test_draft_commands_check_inputs_first(capsys, tmp_path):
     assert main(["draft", "data", "--n", "0", "--out", str(tmp_path / "d")]) == 2
     assert "n must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+def test_train_tiny_preset_end_to_end(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path / "home"))
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--steps", "1", "--out", str(out)]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and '"val_accuracy"' in lines[0] and '"gen"' in lines[1]
+    assert main(["train", "--preset", "tiny", "--set", "loss.bogus=1"]) == 2
+    assert "unknown config key loss.bogus" in capsys.readouterr().err

@@ -33,7 +33,7 @@ class DefaultDraftRecipe:
     data: DraftDataConfig = field(default_factory=lambda: DraftDataConfig(n=1024, shard_size=128))
     """Policy samples to train on (prompt set = the RL task's)."""
     train: DraftTrainConfig = field(
-        default_factory=lambda: DraftTrainConfig(epochs=3, eval_frac=0.03)
+        default_factory=lambda: DraftTrainConfig(epochs=6, ttt_steps=3, lr=3e-3, eval_frac=0.03)
     )
     """EAGLE-3 training settings."""
 

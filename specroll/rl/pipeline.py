@@ -340,6 +340,12 @@ class Trainer:
 
         signal.signal(signal.SIGINT, on_sigint)
         try:
+            if self.step == 0 and cfg.data.val_size:  # the starting accuracy, for reference
+                m0 = {"step": 0, "val_accuracy": self.validate()}
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(m0) + "\n")
+                history.append(m0)
+                self.log(f"step 0: validation accuracy {m0['val_accuracy']:.3f}")
             while self.step < cfg.pipeline.steps:
                 m = self.run_step()
                 if cfg.data.val_size and (
