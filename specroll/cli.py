@@ -280,6 +280,7 @@ def cmd_draft_train(args: argparse.Namespace) -> None:
         batch_tokens=args.batch_tokens,
         lr=args.lr,
         seed=args.seed,
+        init=args.init or "",
     )
     data = DraftData(args.data)
     model, _ = load_policy(args.policy or data.meta["policy"])
@@ -506,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--batch-tokens", type=int, default=4096)
     dt.add_argument("--lr", type=float, default=1e-3)
     dt.add_argument("--seed", type=int, default=0)
+    dt.add_argument("--init", help="fine-tune this draft (EAGLE-3 dir, MTP heads, native MTP)")
     dt.add_argument("--resume", action="store_true", help="continue from --out/trainer.pt")
     dt.set_defaults(func=cmd_draft_train)
     de = draft.add_parser("eval", help="acceptance and speed-up of drafts on held-out prompts")

@@ -214,3 +214,8 @@ def test_mtp_head_trains_and_loads(target, data_dir, tmp_path):
     held = json.loads((out / "train_summary.json").read_text())["held_out"]
     assert len(held["accept"]) == 2 and all(0 <= a <= 1 for a in held["accept"])
     assert load_mtp(out, target).num_heads == 1
+    # fine-tuning starts from the trained heads, not from scratch
+    tuned: list[dict] = []
+    ft = DraftTrainConfig(**{**cfg.__dict__, "epochs": 1, "init": str(out)})
+    train_draft(target, DraftData(d), ft, tmp_path / "m2", log=tuned.append)
+    assert tuned[0]["accept"][0] > logs[0]["accept"][0] + 0.02

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from specroll.drafters.data import DraftData, Sequence
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
-from specroll.drafters.mtp import MTPConfig, MTPDraft, save_mtp
+from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head, load_eagle3, save_eagle3
+from specroll.drafters.mtp import MTPConfig, MTPDraft, load_mtp, load_native_mtp, save_mtp
 from specroll.drafters.ttt import loss_mask, ttt_loss, ttt_unroll
 from specroll.model.transformer import Transformer
 
@@ -65,6 +65,9 @@ class DraftTrainConfig:
     """Seeds initialisation and batch order."""
     checkpoint_every: int = 200
     """Optimizer steps between checkpoints (0 = only at the end)."""
+    init: str = ""
+    """Fine-tune an existing draft instead of a fresh one: an EAGLE-3 directory (specroll,
+    SpecForge or vLLM layout), specroll MTP heads, or a model with native MTP weights."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -281,17 +284,7 @@ def train_draft(
                 f"{state_path} was written with other settings; resume with the same ones"
             )
     torch.manual_seed(cfg.seed)
-    if cfg.kind == "eagle3":
-        if state is not None:
-            vocab = state["vocab"]
-        else:
-            mass = data.expected_token_mass(policy)
-            vocab = select_vocab(mass, cfg.draft_vocab_size)
-        net: Eagle3Head | MTPDraft = new_eagle3(policy, vocab, aux, cfg.seed)
-    else:
-        vocab = None
-        net = MTPDraft(MTPConfig.for_target(policy.cfg, 1), policy)
-        net.init_weights(cfg.seed, from_last_layer=True)
+    net, vocab = _initial_draft(policy, data, cfg, aux, state)
     if state is not None:
         net.load_state_dict(state["net"])
     net.use_packed = False
@@ -343,6 +336,34 @@ def train_draft(
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     net.eval()
     return out
+
+
+def _initial_draft(policy: Transformer, data: DraftData, cfg: DraftTrainConfig, aux, state):
+    """(network, draft vocabulary) to start from: fresh, or cfg.init to fine-tune."""
+    if cfg.kind == "eagle3":
+        if cfg.init:
+            net = load_eagle3(cfg.init, policy.cfg, embed=policy)
+            if tuple(net.cfg.aux_layers) != tuple(aux):
+                raise ValueError(
+                    f"{cfg.init} reads aux layers {net.cfg.aux_layers}, the data holds {aux}"
+                )
+            return net, torch.arange(net.cfg.draft_vocab_size) + net.d2t
+        if state is not None:
+            vocab = state["vocab"]
+        else:
+            vocab = select_vocab(data.expected_token_mass(policy), cfg.draft_vocab_size)
+        return new_eagle3(policy, vocab, aux, cfg.seed), vocab
+    if cfg.init:
+        p = Path(cfg.init)
+        if (p / "mtp.safetensors").is_file():
+            net = load_mtp(p, policy)
+        else:
+            net = load_native_mtp(p, policy)
+        if net.num_heads != 1:
+            raise ValueError(f"{cfg.init} has {net.num_heads} MTP heads; training supports one")
+        return net, None
+    net = MTPDraft(MTPConfig.for_target(policy.cfg, 1), policy)
+    return net.init_weights(cfg.seed, from_last_layer=True), None
 
 
 def _checkpoint(draft: DraftNet, opt, step: int, cfg: DraftTrainConfig, out: Path) -> None:
