@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from specroll.drafters.base import DraftBatch, Drafter
-from specroll.engine.depth import FixedDepth
+from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.request import Request, Result
 from specroll.model.transformer import KVCache, Transformer
 from specroll.spec import rng
@@ -107,7 +107,7 @@ class Engine:
         model: Transformer,
         config: EngineConfig | None = None,
         drafter: Drafter | None = None,
-        depth: FixedDepth | None = None,
+        depth: FixedDepth | AdaptiveDepth | None = None,
     ) -> None:
         self.model = model.eval()
         self.config = config or EngineConfig()
@@ -234,7 +234,7 @@ class Engine:
     def _step(self, st: _Slots, B: int, ctx: int) -> int:
         """One decoding (k = 0) or speculative (k >= 1) iteration; returns tokens emitted."""
         rows = torch.arange(B)
-        k = self.depth.choose(B)
+        k = self.depth.choose(B, float(st.pos[:B].float().mean()))
         # every row's k+1 positions must fit the cache and the context window
         room = min(ctx, self.cache.max_len) - 1 - int(st.pos[:B].max())
         k = max(0, min(k, room))
@@ -345,6 +345,8 @@ class Engine:
             st.drafted_pos[rows, :K] += (torch.arange(K) < num_draft.unsqueeze(1)).long()
         if observe:  # decode/verify forward (prefill is not a speculation step)
             self.stats.observe(num_draft, ver.accepted, int(count.sum()))
+            if K > 0:
+                self.depth.observe(num_draft, ver.accepted)
             self._watch(num_draft, ver.num_accepted)
         return int(count.sum())
 

@@ -1,0 +1,1 @@
+"""Performance model of speculative rollouts: step-time cost model and hardware profiles."""

@@ -1,0 +1,124 @@
+"""Step-time cost model: what one engine iteration costs, fitted to measurements.
+
+A decode/verify forward over B rows adding q tokens each at context c processes N = B*q
+tokens. Its time is modelled as
+
+    T(B, q, c) = fixed + per_token * max(N, knee) + kv * N * c
+
+* `fixed`: per-forward overhead (kernel launches, Python, norms) independent of size;
+* `per_token * max(N, knee)`: the linear layers. Below the knee the weights are read
+  once whatever N is (memory bound, flat); above it the cost grows with N (compute
+  bound). The knee is where the machine's FLOP/byte ratio meets the model's;
+* `kv * N * c`: attention over the cache (each query reads c keys).
+
+The drafter's step (one token per row) is `draft_fixed + draft_per_row * B`, and the
+verifier / sampling / bookkeeping of an iteration `overhead_fixed + overhead_per_token *
+B * (k + 1)`. All coefficients are fitted by least squares to `specroll bench profile`
+measurements and saved as a hardware profile (JSON), with the fit error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class CostModel:
+    """Fitted per-iteration times (seconds) of one model (+ drafter) on one machine."""
+
+    fixed: float = 0.0
+    per_token: float = 0.0
+    knee: float = 1.0
+    kv: float = 0.0
+    draft_fixed: float = 0.0
+    draft_per_row: float = 0.0
+    overhead_fixed: float = 0.0
+    overhead_per_token: float = 0.0
+    meta: dict = field(default_factory=dict)
+    """Where and how it was measured (machine, model, threads, fit error)."""
+
+    def target(self, B: float, q: float, ctx: float) -> float:
+        """Target forward adding q tokens to each of B rows at context ctx."""
+        n = B * q
+        return self.fixed + self.per_token * max(n, self.knee) + self.kv * n * ctx
+
+    def draft(self, B: float) -> float:
+        """One drafter step (one token per row)."""
+        return self.draft_fixed + self.draft_per_row * B
+
+    def overhead(self, B: float, k: int) -> float:
+        """Verification, sampling and bookkeeping of one iteration."""
+        return self.overhead_fixed + self.overhead_per_token * B * (k + 1)
+
+    def iteration(self, B: float, k: int, ctx: float) -> float:
+        """Wall time of one engine iteration drafting k tokens per row (k = 0: plain)."""
+        return self.target(B, k + 1, ctx) + k * self.draft(B) + self.overhead(B, k)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"hardware profile {p} does not exist (run `specroll bench profile`)")
+        raw = json.loads(p.read_text())
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{p}: unknown fields {sorted(unknown)}")
+        return cls(**raw)
+
+
+def _lstsq(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Non-negative-ish least squares: plain lstsq, negative coefficients clamped to 0 and
+    the rest refitted (a time model with negative terms extrapolates badly)."""
+    cols = list(range(X.shape[1]))
+    while True:
+        coef = torch.linalg.lstsq(X[:, cols], y.unsqueeze(1)).solution.squeeze(1)
+        if bool((coef >= 0).all()) or len(cols) == 1:
+            out = torch.zeros(X.shape[1], dtype=X.dtype)
+            out[cols] = coef.clamp(min=0)
+            return out
+        cols = [c for c, v in zip(cols, coef.tolist(), strict=True) if v > 0]
+
+
+def fit_target(points: list[dict]) -> tuple[dict, dict]:
+    """Fit fixed / per_token / knee / kv to points {B, q, ctx, seconds}.
+
+    The knee is chosen on a grid (every measured N); for each, the other three are a
+    linear least-squares fit on relative error (rows weighted by 1 / seconds, so small
+    and large forwards count alike). Returns (coefficients, {"mape", "max_rel_err"}).
+    """
+    n = torch.tensor([p["B"] * p["q"] for p in points], dtype=torch.float64)
+    c = torch.tensor([p["ctx"] for p in points], dtype=torch.float64)
+    y = torch.tensor([p["seconds"] for p in points], dtype=torch.float64)
+    best = None
+    for knee in sorted(set(n.tolist())):
+        X = torch.stack([torch.ones_like(n), n.clamp(min=knee), n * c], dim=1) / y.unsqueeze(1)
+        coef = _lstsq(X, torch.ones_like(y))
+        pred = (X * y.unsqueeze(1)) @ coef
+        rel = ((pred - y) / y).abs()
+        if best is None or float(rel.mean()) < best[0]:
+            best = (float(rel.mean()), float(rel.max()), knee, coef)
+    mape, worst, knee, coef = best
+    fitted = {
+        "fixed": float(coef[0]),
+        "per_token": float(coef[1]),
+        "knee": knee,
+        "kv": float(coef[2]),
+    }
+    return fitted, {"mape": round(mape, 4), "max_rel_err": round(worst, 4)}
+
+
+def fit_linear(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """y = a + b x by relative least squares; returns (a, b, mape)."""
+    x = torch.tensor(xs, dtype=torch.float64)
+    y = torch.tensor(ys, dtype=torch.float64)
+    X = torch.stack([torch.ones_like(x), x], dim=1) / y.unsqueeze(1)
+    coef = _lstsq(X, torch.ones_like(y))
+    pred = coef[0] + coef[1] * x
+    return float(coef[0]), float(coef[1]), float(((pred - y) / y).abs().mean())
