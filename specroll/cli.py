@@ -237,6 +237,41 @@ def _spec_table(report: dict, title: str) -> None:
     console.print(table)
 
 
+def cmd_bench_profile(args: argparse.Namespace) -> None:
+    from specroll.drafters.build import build_drafter
+    from specroll.rl.tasks.sets import encode, prompt_set
+    from specroll.sim.profile import profile
+
+    model, tok = load_policy(args.model)
+    drafter = build_drafter(args.drafter, model) if args.drafter else None
+    prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=3)]
+    ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+    with console.status("profiling (target forward grid, then engine runs)"):
+        cm = profile(
+            model,
+            drafter,
+            prompts,
+            batches=ints(args.batches),
+            qs=ints(args.q),
+            ctxs=ints(args.ctx),
+            repeats=args.repeats,
+            log=lambda m: console.print(m, markup=False, highlight=False),
+        )
+    cm.meta.update(model=args.model, drafter_spec=args.drafter)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cm.save(out)
+    err = cm.meta["fit_error"]
+    console.print(
+        f"fit: fixed {cm.fixed * 1e3:.2f} ms, {cm.per_token * 1e3:.3f} ms/token above "
+        f"{cm.knee:.0f} tokens, kv {cm.kv * 1e9:.2f} ns/token/ctx; draft per token "
+        f"{cm.draft_step * 1e3:.2f} + {cm.draft_step_per_row * 1e3:.3f}/row ms; error {err}"
+    )
+    console.print(f"[green]profile[/]: {out}")
+    if args.json:
+        print(json.dumps({"bench": "profile", "profile": str(out), "fit_error": err}))
+
+
 def cmd_draft_data(args: argparse.Namespace) -> None:
     from specroll.drafters.data import DraftDataConfig, collect, prompt_ids
 
@@ -473,6 +508,16 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
     bs.add_argument("--json", action="store_true", help="end with one JSON line")
     bs.set_defaults(func=cmd_bench_spec)
+    bp = bench.add_parser("profile", help="measure this machine and fit the step-time model")
+    bp.add_argument("--model", default="smollm2")
+    bp.add_argument("--drafter", help="drafter spec for the draft/overhead terms (eagle3:PATH)")
+    bp.add_argument("--out", default="profiles/cpu.json", help="hardware profile to write")
+    bp.add_argument("--batches", default="1,2,4,8,16,32")
+    bp.add_argument("--q", default="1,2,4,8", help="tokens per row")
+    bp.add_argument("--ctx", default="64,256,1024", help="context lengths")
+    bp.add_argument("--repeats", type=int, default=5)
+    bp.add_argument("--json", action="store_true", help="end with one JSON line")
+    bp.set_defaults(func=cmd_bench_profile)
 
     tr = sub.add_parser("train", help="GRPO/DAPO training with speculative rollouts")
     tr.add_argument("--preset", default="default", help="default, tiny, or a YAML file")

@@ -21,13 +21,13 @@ def test_expected_tokens_and_online_acceptance():
 
 
 def test_adaptive_picks_deep_when_verification_is_free_and_zero_when_it_is_not():
-    cheap = CostModel(fixed=0.01, per_token=1e-6, knee=64, draft_fixed=1e-4)
+    cheap = CostModel(fixed=0.01, per_token=1e-6, knee=64, draft_step=1e-4)
     hi = AdaptiveDepth(cheap, k_max=5, prior=0.8)
     assert hi.choose(1) == 5
-    costly = CostModel(fixed=0.0, per_token=0.01, knee=1, draft_fixed=1e-3)  # linear in tokens
+    costly = CostModel(fixed=0.0, per_token=0.01, knee=1, draft_step=1e-3)  # linear in tokens
     assert AdaptiveDepth(costly, k_max=5, prior=0.8).choose(8) == 0
     # a draft that is never accepted switches speculation off (drafting costs 20%)
-    d = AdaptiveDepth(CostModel(fixed=0.01, draft_fixed=2e-3), k_max=5, prior=0.8, decay=1.0)
+    d = AdaptiveDepth(CostModel(fixed=0.01, draft_step=2e-3), k_max=5, prior=0.8, decay=1.0)
     assert d.choose(1) >= 3  # before any evidence: the prior says drafting pays
     for _ in range(50):
         d.observe(torch.full((4,), 5), torch.zeros(4, 5, dtype=torch.bool))
@@ -37,7 +37,7 @@ def test_adaptive_picks_deep_when_verification_is_free_and_zero_when_it_is_not()
 def test_adaptive_depth_never_changes_the_samples(tiny_model):
     from specroll.drafters.ngram import NgramDrafter
 
-    cm = CostModel(fixed=0.01, per_token=1e-5, knee=8, draft_fixed=1e-4)
+    cm = CostModel(fixed=0.01, per_token=1e-5, knee=8, draft_step=1e-4)
     g = torch.Generator().manual_seed(0)
     base = torch.randint(0, 97, (6,), generator=g).tolist()
     reqs = [Request(base * 3, SamplingParams(0.0, max_new_tokens=40)) for _ in range(6)]

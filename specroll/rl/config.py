@@ -61,8 +61,13 @@ class RolloutConfig:
     k: int = 3
     """Draft tokens per speculative iteration."""
     spec_max_batch: int = 4
-    """Speculate only while at most this many rows are active (CPU verification is
-    compute bound at larger batches; see `specroll bench engine`)."""
+    """depth='fixed': speculate only while at most this many rows are active (CPU
+    verification is compute bound at larger batches; see `specroll bench engine`)."""
+    depth: str = "fixed"
+    """'fixed' (k up to spec_max_batch rows) or 'adaptive' (per-iteration k in 0..k from
+    the cost model and online acceptance; see engine.depth)."""
+    profile: str = ""
+    """depth='adaptive': hardware profile JSON; '' = measure once and cache it."""
 
     def __post_init__(self) -> None:
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
@@ -75,6 +80,10 @@ class RolloutConfig:
         _check(
             self.spec_max_batch >= 0,
             f"rollout.spec_max_batch must be >= 0, got {self.spec_max_batch}",
+        )
+        _check(
+            self.depth in ("fixed", "adaptive"),
+            f"rollout.depth must be 'fixed' or 'adaptive', got {self.depth!r}",
         )
 
 

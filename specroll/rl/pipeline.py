@@ -29,7 +29,7 @@ import torch
 
 from specroll.drafters.eagle3 import Eagle3Drafter, Eagle3Head, load_eagle3, save_eagle3
 from specroll.drafters.train import DraftNet, new_eagle3
-from specroll.engine.depth import FixedDepth
+from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import Transformer
@@ -41,6 +41,7 @@ from specroll.rl.sync import LocalSync
 from specroll.rl.tasks.arithmetic import Problem
 from specroll.rl.tasks.reward import math_reward
 from specroll.rl.tasks.sets import encode, load_file, math_problems
+from specroll.sim.costmodel import CostModel
 
 VAL_SEED_OFFSET = 10_000
 """Validation problems come from seed + this (a separate stream from training's)."""
@@ -74,7 +75,10 @@ class Trainer:
             self.engine_draft = Eagle3Head(draft.cfg, self.engine_policy).eval()
             self.engine_draft.load_state_dict(draft.state_dict())
             drafter = Eagle3Drafter(self.engine_draft)
-            depth = FixedDepth(cfg.rollout.k, max_batch=cfg.rollout.spec_max_batch)
+            if cfg.rollout.depth == "adaptive":
+                depth = AdaptiveDepth(self._cost_model(drafter), k_max=cfg.rollout.k)
+            else:
+                depth = FixedDepth(cfg.rollout.k, max_batch=cfg.rollout.spec_max_batch)
         self.engine = Engine(
             self.engine_policy, EngineConfig(max_batch=cfg.rollout.max_batch), drafter, depth
         )
@@ -102,6 +106,26 @@ class Trainer:
                     f"data.val_size={cfg.data.val_size}"
                 )
             self._file_items = items
+
+    def _cost_model(self, drafter) -> CostModel:
+        """The hardware profile for adaptive depth: given, cached, or measured now."""
+        r = self.cfg.rollout
+        if r.profile:
+            return CostModel.load(r.profile)
+        from specroll.model.hub import home
+        from specroll.sim.profile import profile
+
+        c = self.policy.cfg
+        name = f"{c.num_layers}x{c.hidden_size}-v{c.vocab_size}-t{torch.get_num_threads()}"
+        path = home() / "profiles" / f"{name}-eagle3.json"
+        if path.is_file():
+            return CostModel.load(path)
+        self.log(f"measuring a hardware profile for adaptive depth ({path})")
+        prompts = [encode(self.tok, p) for p in math_problems(8, seed=3)]
+        cm = profile(self.engine_policy, drafter, prompts, log=self.log)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cm.save(path)
+        return cm
 
     # ------------------------------------------------------------------ data
 

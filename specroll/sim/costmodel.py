@@ -11,10 +11,12 @@ tokens. Its time is modelled as
   bound). The knee is where the machine's FLOP/byte ratio meets the model's;
 * `kv * N * c`: attention over the cache (each query reads c keys).
 
-The drafter's step (one token per row) is `draft_fixed + draft_per_row * B`, and the
-verifier / sampling / bookkeeping of an iteration `overhead_fixed + overhead_per_token *
-B * (k + 1)`. All coefficients are fitted by least squares to `specroll bench profile`
-measurements and saved as a hardware profile (JSON), with the fit error.
+The drafter costs, per speculative iteration, `draft_fixed + draft_per_row * B` (feeding
+the verified tokens' features back) plus, per draft token, `draft_step +
+draft_step_per_row * B`; the verifier / sampling / bookkeeping of an iteration costs
+`overhead_fixed + overhead_per_token * B * (k + 1)`. All coefficients are fitted by least
+squares to `specroll bench profile` measurements and saved as a hardware profile (JSON),
+with the fit error.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class CostModel:
     kv: float = 0.0
     draft_fixed: float = 0.0
     draft_per_row: float = 0.0
+    draft_step: float = 0.0
+    draft_step_per_row: float = 0.0
     overhead_fixed: float = 0.0
     overhead_per_token: float = 0.0
     meta: dict = field(default_factory=dict)
@@ -46,9 +50,12 @@ class CostModel:
         n = B * q
         return self.fixed + self.per_token * max(n, self.knee) + self.kv * n * ctx
 
-    def draft(self, B: float) -> float:
-        """One drafter step (one token per row)."""
-        return self.draft_fixed + self.draft_per_row * B
+    def draft(self, B: float, k: int) -> float:
+        """Drafter time of one iteration proposing k tokens per row (0 when k = 0)."""
+        if k == 0:
+            return 0.0
+        per_iter = self.draft_fixed + self.draft_per_row * B
+        return per_iter + k * (self.draft_step + self.draft_step_per_row * B)
 
     def overhead(self, B: float, k: int) -> float:
         """Verification, sampling and bookkeeping of one iteration."""
@@ -56,7 +63,7 @@ class CostModel:
 
     def iteration(self, B: float, k: int, ctx: float) -> float:
         """Wall time of one engine iteration drafting k tokens per row (k = 0: plain)."""
-        return self.target(B, k + 1, ctx) + k * self.draft(B) + self.overhead(B, k)
+        return self.target(B, k + 1, ctx) + self.draft(B, k) + self.overhead(B, k)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -114,11 +121,16 @@ def fit_target(points: list[dict]) -> tuple[dict, dict]:
     return fitted, {"mape": round(mape, 4), "max_rel_err": round(worst, 4)}
 
 
+def fit_features(features: list[list[float]], ys: list[float]) -> tuple[list[float], float]:
+    """y = sum_i c_i f_i (c_i >= 0) by relative least squares; returns (c, mape)."""
+    F = torch.tensor(features, dtype=torch.float64)
+    y = torch.tensor(ys, dtype=torch.float64)
+    coef = _lstsq(F / y.unsqueeze(1), torch.ones_like(y))
+    pred = F @ coef
+    return coef.tolist(), float(((pred - y) / y).abs().mean())
+
+
 def fit_linear(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     """y = a + b x by relative least squares; returns (a, b, mape)."""
-    x = torch.tensor(xs, dtype=torch.float64)
-    y = torch.tensor(ys, dtype=torch.float64)
-    X = torch.stack([torch.ones_like(x), x], dim=1) / y.unsqueeze(1)
-    coef = _lstsq(X, torch.ones_like(y))
-    pred = coef[0] + coef[1] * x
-    return float(coef[0]), float(coef[1]), float(((pred - y) / y).abs().mean())
+    (a, b), mape = fit_features([[1.0, x] for x in xs], ys)
+    return a, b, mape

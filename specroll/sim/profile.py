@@ -21,7 +21,7 @@ from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import KVCache, Transformer
-from specroll.sim.costmodel import CostModel, fit_linear, fit_target
+from specroll.sim.costmodel import CostModel, fit_features, fit_linear, fit_target
 
 
 @torch.inference_mode()
@@ -85,12 +85,12 @@ def profile(
                     {"B": B, "k": k, "draft_s": s.draft_s / it, "other_s": s.other_s / it}
                 )
             log(f"engine with drafter {drafter.name} at batch {B}: k = {list(engine_ks)}")
-        xs = [p["B"] for p in engine_pts]
-        d0, d1, d_err = fit_linear(xs, [p["draft_s"] / p["k"] for p in engine_pts])
+        feats = [[1.0, p["B"], p["k"], p["k"] * p["B"]] for p in engine_pts]
+        d, d_err = fit_features(feats, [p["draft_s"] for p in engine_pts])
         o0, o1, o_err = fit_linear(
             [p["B"] * (p["k"] + 1) for p in engine_pts], [p["other_s"] for p in engine_pts]
         )
-        cm.draft_fixed, cm.draft_per_row = d0, d1
+        cm.draft_fixed, cm.draft_per_row, cm.draft_step, cm.draft_step_per_row = d
         cm.overhead_fixed, cm.overhead_per_token = o0, o1
         err.update(draft_mape=round(d_err, 4), overhead_mape=round(o_err, 4))
     cm.meta = {
