@@ -46,3 +46,20 @@ def test_verification_regimes():
     assert ratio(256, 16000) < ratio(256, 1000)  # long context: shared KV read (MagicDec)
     moe = AnalyticStep(MODELS["qwen3-30b-a3b"], HARDWARE["h100"])
     assert moe._weights_read(1) < moe._weights_read(64) < moe._weights_read(4096)
+
+
+def test_rollout_simulation_batch_shrinks_and_speculation_helps_the_tail():
+    from specroll.sim.costmodel import CostModel
+    from specroll.sim.rollout import Speculation, Workload, simulate_rollout
+
+    sp = Speculation.from_acceptance_length(2.5, 3)
+    assert sp.tau(3) == pytest.approx(2.5, rel=1e-6) and sp.tau(0) == 1.0
+    # a memory-bound machine: verifying 4 tokens costs what 1 does, drafting is cheap
+    cm = CostModel(fixed=0.01, per_token=1e-4, knee=64, draft_step=5e-4)
+    w = Workload(prompts=4, samples=8, mean_len=200, sigma=1.0, max_len=1000)
+    ar = simulate_rollout(cm, w, replicas=1, max_batch=16, spec=Speculation())
+    spec = simulate_rollout(cm, w, replicas=1, max_batch=16, spec=sp)
+    assert ar["trace"][0][1] == 16 and ar["trace"][-1][1] < 16  # the batch shrinks
+    assert 1.5 < ar["gen_s"] / spec["gen_s"] < 2.5
+    adaptive = simulate_rollout(cm, w, 1, 16, Speculation(3, sp.alphas, adaptive=True))
+    assert adaptive["gen_s"] <= spec["gen_s"] * 1.001
