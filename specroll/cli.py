@@ -380,6 +380,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.steps:
         overrides.append(f"pipeline.steps={args.steps}")
     cfg = build_config(args.preset, overrides)
+    from specroll.rl.pipeline import task_items
+
+    task_items(cfg)  # a bad dataset fails before any model is loaded
     path = resolve_model_dir(cfg.policy.model)
     from specroll.model import load_model
     from specroll.model.tokenizer import Tokenizer

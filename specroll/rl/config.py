@@ -31,7 +31,7 @@ class PolicyConfig:
 
     model: str = "smollm2"
     """Policy: 'smollm2' (embedded default), 'tiny' (random tiny model), HF dir or .gguf."""
-    lr: float = 2e-6
+    lr: float = 5e-6
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -183,6 +183,8 @@ class DataConfig:
         )
         _check(self.val_size >= 0, f"data.val_size must be >= 0, got {self.val_size}")
         _check(self.val_every >= 1, f"data.val_every must be >= 1, got {self.val_every}")
+        if self.task != "math" and not Path(self.task).is_file():
+            raise ValueError(f"data.task must be 'math' or an existing file, got {self.task!r}")
 
 
 @dataclass
@@ -199,6 +201,10 @@ class PipelineConfig:
     """Steps between checkpoints (0 = only at the end and on Ctrl-C)."""
     keep_checkpoints: int = 2
     """Most recent checkpoints kept."""
+    shadow_every: int = 0
+    """Every this many steps, also generate the step's requests without speculation (same
+    prompts, seeds and policy version; discarded) to measure the generation speed-up
+    (0 = never)."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"pipeline.steps must be >= 1, got {self.steps}")

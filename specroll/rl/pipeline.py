@@ -51,6 +51,26 @@ class Interrupted(Exception):
     """Raised at a stage boundary after Ctrl-C; the pipeline saves and exits."""
 
 
+def task_items(cfg: TrainConfig) -> list[Problem] | None:
+    """The problems of a file task (checked: answers present, more than the validation
+    set), or None for the procedural math task. Called before any model is loaded."""
+    if cfg.data.task == "math":
+        return None
+    items = load_file(cfg.data.task)
+    missing = [p.uid for p in items if not p.answer]
+    if missing:
+        raise ValueError(
+            f"{cfg.data.task}: records without an answer ('answer' or "
+            f"reward_model.ground_truth): {', '.join(missing[:5])}"
+        )
+    if len(items) <= cfg.data.val_size:
+        raise ValueError(
+            f"{cfg.data.task} holds {len(items)} problems, not more than "
+            f"data.val_size={cfg.data.val_size}"
+        )
+    return items
+
+
 class Trainer:
     """Owns the policy, draft, engine, learner and the step loop."""
 
@@ -95,17 +115,8 @@ class Trainer:
         )
         self.step = 0
         self._stop = False
-        self._file_items: list[Problem] | None = None
-        if cfg.data.task != "math":
-            items = load_file(cfg.data.task)
-            if not all(p.answer for p in items):
-                raise ValueError(f"{cfg.data.task}: every record needs an answer for the reward")
-            if len(items) <= cfg.data.val_size:
-                raise ValueError(
-                    f"{cfg.data.task} holds {len(items)} problems, not more than "
-                    f"data.val_size={cfg.data.val_size}"
-                )
-            self._file_items = items
+        self._file_items = task_items(cfg)
+        self._shadow: Engine | None = None
 
     def _cost_model(self, drafter) -> CostModel:
         """The hardware profile for adaptive depth: given, cached, or measured now."""
@@ -193,6 +204,15 @@ class Trainer:
         if got != {want}:
             raise RuntimeError(f"rollouts were generated with versions {got}, expected {want}")
         spec = self.engine.stats
+        shadow_s = None
+        every = cfg.pipeline.shadow_every
+        if every and s % every == 0 and self.engine.drafter is not None:
+            if self._shadow is None:  # plain decoding on the very same weights
+                self._shadow = Engine(self.engine_policy, self.engine.config)
+            self._shadow.policy_version = self.engine.policy_version
+            t1 = time.perf_counter()
+            self._shadow.generate(reqs)
+            shadow_s = time.perf_counter() - t1
         self._check_stop()
 
         t0 = time.perf_counter()
@@ -254,6 +274,9 @@ class Trainer:
             per_position=[round(x, 4) for x in spec.per_position] if spec.drafts else None,
             policy_version=self.step,
         )
+        if shadow_s is not None:
+            metrics["shadow_ar_gen_s"] = round(shadow_s, 3)
+            metrics["gen_speedup"] = round(shadow_s / t["gen"], 4)
         return metrics
 
     def _batch(self, results, advantages: torch.Tensor) -> Batch:
@@ -397,6 +420,10 @@ class Trainer:
                 writer.close()
         self.save_checkpoint()
         self._export()
+        from specroll.rl.report import write_report
+
+        lines = metrics_path.read_text().splitlines()
+        write_report(self.out, [json.loads(x) for x in lines], cfg)
         return history
 
     def _export(self) -> None:
