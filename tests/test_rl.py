@@ -182,3 +182,13 @@ def test_dapo_style_file_task(tmp_path):
     (tmp_path / "bad.jsonl").write_text("{nope\n")
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         load_file(tmp_path / "bad.jsonl")
+
+
+def test_trainer_accepts_a_policy_that_already_ran_inference(tiny_setup, tmp_path):
+    """The default run samples draft data with the policy (prepacking its weights for
+    oneDNN) before building the trainer, which copies the policy for the engine."""
+    policy, _ = tiny_setup
+    with torch.inference_mode():
+        policy(torch.zeros(1, 4, dtype=torch.long))
+    assert policy._packed._value is not None
+    _trainer(tiny_setup, tmp_path, "loss.kl_coef=0.01").run_step()

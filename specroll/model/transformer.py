@@ -62,6 +62,9 @@ class PackedWeights:
         self._key: tuple | None = None
         self._value: Any = None
 
+    def __deepcopy__(self, memo: dict) -> PackedWeights:
+        return PackedWeights()  # opaque oneDNN tensors cannot be copied; a copy repacks
+
     def get(self, weights: list[torch.Tensor], arrange: Callable[[list[torch.Tensor]], Any]):
         """arrange(packed copies of `weights`, same order), or None when packing does not
         apply: autograd recording, or not an fp32 CPU tensor with oneDNN available."""
