@@ -192,3 +192,21 @@ def test_trainer_accepts_a_policy_that_already_ran_inference(tiny_setup, tmp_pat
         policy(torch.zeros(1, 4, dtype=torch.long))
     assert policy._packed._value is not None
     _trainer(tiny_setup, tmp_path, "loss.kl_coef=0.01").run_step()
+
+
+def _err(capsys) -> str:
+    return "".join(capsys.readouterr().err.split("\n"))  # rich wraps long lines
+
+
+def test_bad_task_files_fail_before_any_model_is_loaded(tmp_path, capsys):
+    from specroll.cli import main
+
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({"prompt": "1+1?"}) + "\n")
+    assert main(["train", "--preset", "tiny", "--set", f"data.task={f}"]) == 2
+    assert "without an answer" in _err(capsys)
+    f.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": \n')
+    assert main(["train", "--preset", "tiny", "--set", f"data.task={f}"]) == 2
+    assert "t.jsonl:2: not valid JSON" in _err(capsys)
+    assert main(["train", "--preset", "tiny", "--set", "data.task=/no/such.jsonl"]) == 2
+    assert "existing file" in _err(capsys)
