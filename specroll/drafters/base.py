@@ -100,12 +100,18 @@ class FeatureDrafter(Drafter):
     """Shared loop of drafters conditioned on target hidden states (EAGLE-3, MTP).
 
     Pair t is (target feature h_t, token x_{t+1}) and its output predicts x_{t+2}. Every
-    committed pair is fed from the *target's* features right after verification (vLLM
-    PR #14464: keeping the draft's own recursive KV for committed positions silently
-    lowers acceptance), so the draft cache always holds exactly the target's `pos` pairs
-    and a proposal starts from the saved output of pair pos-1, then drafts recursively,
-    feeding back the draft's own state. Tokens are sampled from the processed q over the
-    target vocabulary. Subclasses provide the network through four small hooks.
+    committed pair is fed from the *target's* features (vLLM PR #14464: keeping the
+    draft's own recursive KV for committed positions silently lowers acceptance), so
+    before a proposal the draft cache holds exactly the target's `pos` pairs and the
+    proposal starts from the output of pair pos-1, then drafts recursively, feeding back
+    the draft's own state. Tokens are sampled from the processed q over the target
+    vocabulary. Subclasses provide the network through four small hooks.
+
+    Feeding is lazy: `prefill` and `commit` only store the target's features; the draft
+    network runs over a row's pending pairs (in one batched forward) when that row is
+    next asked to propose. While the depth policy keeps speculation off — the large-batch
+    head of a rollout — the drafter costs nothing but a copy; when the batch shrinks to
+    where drafting pays, each row catches up in a single forward.
     """
 
     def __init__(self, version: int = 0) -> None:
@@ -135,42 +141,72 @@ class FeatureDrafter(Drafter):
         if c is None or c.num_slots < num_slots or c.max_len < max_len:
             self.cache = None
             self.cache = self.new_cache(num_slots, max_len)
-        self.dpos = torch.zeros(self.cache.num_slots, dtype=torch.long)  # = target pos
-        self.next_logits: torch.Tensor | None = None  # [S, *] output of pair dpos-1
+        S, L = self.cache.num_slots, self.cache.max_len
+        self.dpos = torch.zeros(S, dtype=torch.long)  # pairs committed (= target pos)
+        self.fed = torch.zeros(S, dtype=torch.long)  # pairs already run through the draft
+        self.feats: torch.Tensor | None = None  # [S, L, H] conditioning of pending pairs
+        self.max_len = L
+        self.next_logits: torch.Tensor | None = None  # [S, *] output of pair fed-1
         self.next_state: torch.Tensor | None = None  # [S, H]
 
-    def _feed(self, start: int, tokens: torch.Tensor, hidden: dict, counts: torch.Tensor) -> None:
-        """Feed counts[r] pairs per row (tokens and features padded to a common width)."""
-        n, width = tokens.shape
-        rows = torch.arange(start, start + n)
-        logits, state = self.run(0, tokens, self.features(hidden, width), self.dpos[rows], start)
-        last, ar = (counts - 1).clamp(min=0), torch.arange(n)
+    def _store(self, rows: torch.Tensor, first: torch.Tensor, feats: torch.Tensor, counts) -> None:
+        """Keep feats[r, :counts[r]] as the conditioning of pairs first[r].. of rows[r]."""
+        if self.feats is None:
+            self.feats = feats.new_zeros(self.cache.num_slots, self.max_len, feats.shape[-1])
+        j = torch.arange(feats.shape[1])
+        keep = j < counts.unsqueeze(1)  # [n, W]
+        r, c = keep.nonzero(as_tuple=True)
+        self.feats[rows[r], (first[r] + c).clamp(max=self.max_len - 1)] = feats[r, c]
+        self.dpos[rows] = first + counts
+
+    def _catch_up(self, B: int, history: torch.Tensor) -> None:
+        """Run the draft over every pending pair of rows 0..B-1: one batched forward, or
+        one per lagging row when a common width would overrun the cache."""
+        pending = self.dpos[:B] - self.fed[:B]
+        if not bool((pending > 0).any()):
+            return
+        if int(self.fed[:B].max() + pending.max()) <= min(self.max_len, history.shape[1]) - 1:
+            self._feed(0, B, history)
+        else:
+            for b in (pending > 0).nonzero().flatten().tolist():
+                self._feed(b, b + 1, history)
+
+    def _feed(self, lo: int, hi: int, history: torch.Tensor) -> None:
+        rows = torch.arange(lo, hi)
+        start, pending = self.fed[lo:hi], self.dpos[lo:hi] - self.fed[lo:hi]
+        width = int(pending.max())
+        t = (start.unsqueeze(1) + torch.arange(width)).clamp(max=history.shape[1] - 2)
+        tokens = history[lo:hi].gather(1, t + 1)  # pair t: (h_t, x_{t+1}), [n, W]
+        feats = self.feats[rows.unsqueeze(1), t]  # [n, W, H]
+        logits, state = self.run(0, tokens, feats, start, lo)
         if self.next_logits is None:
             S = self.cache.num_slots
             self.next_logits = logits.new_zeros(S, logits.shape[-1])
             self.next_state = state.new_zeros(S, state.shape[-1])
-        self.next_logits[rows] = logits[ar, last]
-        self.next_state[rows] = state[ar, last]
-        self.dpos[rows] += counts
+        moved = (pending > 0).nonzero().flatten()
+        last = pending[moved] - 1
+        self.next_logits[rows[moved]] = logits[moved, last]
+        self.next_state[rows[moved]] = state[moved, last]
+        self.fed[lo:hi] = self.dpos[lo:hi]
 
     @torch.inference_mode()
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
         width = max(len(q) for q in seqs) - 1
-        tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-        for r, q in enumerate(seqs):
-            tokens[r, : len(q) - 1] = torch.tensor(q[1:])  # pair t: (h_t, x_{t+1})
-        self.dpos[start : start + len(seqs)] = 0
-        self._feed(start, tokens, hidden, torch.tensor([len(q) - 1 for q in seqs]))
+        n = len(seqs)
+        rows = torch.arange(start, start + n)
+        self.fed[rows] = 0
+        counts = torch.tensor([len(q) - 1 for q in seqs])
+        self._store(rows, torch.zeros(n, dtype=torch.long), self.features(hidden, width), counts)
 
     @torch.inference_mode()
     def commit(self, B, pos_before, num_new, hidden, history) -> None:
         K1 = next(iter(hidden.values())).shape[1]
-        idx = (pos_before.unsqueeze(1) + 1 + torch.arange(K1)).clamp(max=history.shape[1] - 1)
-        self._feed(0, history[:B].gather(1, idx), hidden, num_new)  # x_{t+1}, t = pos + j
+        self._store(torch.arange(B), pos_before, self.features(hidden, K1), num_new)
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
         B, k = batch.last.shape[0], batch.k
+        self._catch_up(B, batch.history)
         logits, state = self.next_logits[:B], self.next_state[:B]
         tokens, probs = [], []
         for i in range(k):
@@ -186,6 +222,9 @@ class FeatureDrafter(Drafter):
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
 
     def move(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst, int(self.dpos[src]))
-        for t in (self.dpos, self.next_logits, self.next_state):
-            t[dst] = t[src]
+        self.cache.move(src, dst, int(self.fed[src]))
+        for t in (self.dpos, self.fed, self.next_logits, self.next_state):
+            if t is not None:
+                t[dst] = t[src]
+        if self.feats is not None:
+            self.feats[dst] = self.feats[src]
