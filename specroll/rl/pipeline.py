@@ -22,7 +22,6 @@ import json
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -482,8 +481,3 @@ def build_draft(
                 f"draft.init={init!r}: expected 'default', 'random' or a draft directory"
             )
     return load_eagle3(path, policy.cfg, embed=policy)
-
-
-def config_summary(cfg: TrainConfig) -> str:
-    d = asdict(cfg)
-    return ", ".join(f"{k}={v}" for k, v in d["pipeline"].items())
