@@ -3,7 +3,11 @@
 The `tiny` preset, seeds 0..S-1, each run twice (rollout.speculative true / false) for N
 steps with the online draft on. Lossless speculation means every sampled token has the
 policy's distribution, so the two arms are draws from the same distribution of training
-runs. Tests (each can fail; permutation tests, 20k resamples):
+runs. Tests (each can fail). The unit of the primary test is the *run* (samples within a run
+are clustered: the arms train along different sample paths):
+  * run-level exact permutation test: per-run mean reward and mean response length,
+    all C(2S, S) assignments of the 2S runs to the two arms;
+Secondary, per-sample / per-step (anti-conservative under clustering; reported only):
   * per-sample response lengths pooled over all steps and seeds: difference of means,
     labels permuted between arms;
   * per-step reward and mean response length, paired by (seed, step): mean paired
@@ -78,6 +82,21 @@ def signflip_p(a: list[float], b: list[float], n: int = 20000) -> float:
     return float(((null >= d.mean().abs() - 1e-12).sum() + 1) / (n + 1))
 
 
+def run_level_p(a: list[float], b: list[float]) -> float:
+    """Exact two-sided permutation p-value of mean(a) - mean(b) over all label splits."""
+    from itertools import combinations
+
+    x = a + b
+    obs = abs(sum(a) / len(a) - sum(b) / len(b))
+    hits = total = 0
+    for idx in combinations(range(len(x)), len(a)):
+        sa = [x[i] for i in idx]
+        sb = [x[i] for i in range(len(x)) if i not in idx]
+        total += 1
+        hits += abs(sum(sa) / len(sa) - sum(sb) / len(sb)) >= obs - 1e-12
+    return hits / total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=3)
@@ -100,6 +119,13 @@ def main() -> None:
         for key in ("reward", "response_len_mean")
     }
     paired = {key: signflip_p(a, b) for key, (a, b) in per.items()}
+    run_means = {
+        key: {
+            s: [sum(row[key] for row in r["rows"]) / len(r["rows"]) for r in arms[s]] for s in arms
+        }
+        for key in ("reward", "response_len_mean")
+    }
+    run_p = {key: run_level_p(v[True], v[False]) for key, v in run_means.items()}
     mismatch = max(
         row.get("logprob_mismatch_max", 0.0) for s in arms for r in arms[s] for row in r["rows"]
     )
@@ -125,6 +151,8 @@ def main() -> None:
                     "spec": sum(per["reward"][0]) / len(per["reward"][0]),
                     "ar": sum(per["reward"][1]) / len(per["reward"][1]),
                 },
+                "run_level_p": run_p,
+                "run_means": run_means,
                 "lengths_perm_p": len_p,
                 "paired_signflip_p": paired,
                 "logprob_mismatch_max": mismatch,
