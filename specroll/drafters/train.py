@@ -17,6 +17,7 @@ policy's own read-out rather than from noise.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -117,11 +118,15 @@ class DraftNet:
     ):
         self.kind, self.policy, self.net = kind, policy, net
         self.vocab = vocab  # target ids of the draft vocabulary (None: all)
-        H = policy.cfg.hidden_size
-        w = policy.head_weight.detach()
-        self.w = w if vocab is None else w[:, vocab].contiguous()  # [H, V']
         self.group = net.cfg.layer.num_heads // net.cfg.layer.num_kv_heads
-        self.H = H
+        self.H = policy.cfg.hidden_size
+
+    @functools.cached_property
+    def w(self) -> torch.Tensor:
+        """[H, V'] the policy's LM head over the draft vocabulary (offline targets only:
+        online training reads the live policy's logits instead of a copy of its head)."""
+        w = self.policy.head_weight.detach()
+        return w if self.vocab is None else w[:, self.vocab].contiguous()
 
     def features(self, aux: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
         if self.kind == "eagle3":
