@@ -107,6 +107,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
         drafter = build_drafter(args.drafter, model)
         depth = FixedDepth(k=args.k, max_batch=args.spec_max_batch)
+        if args.depth == "adaptive":
+            from specroll.engine.depth import AdaptiveDepth
+            from specroll.sim.profile import cached_profile
+
+            ids = [tok.encode_prompt(t, chat=not args.raw) for t in _read_prompts(args)]
+            log = lambda m: console.print(m, markup=False, highlight=False)  # noqa: E731
+            depth = AdaptiveDepth(cached_profile(model, drafter, ids, args.profile, log), args.k)
     engine = Engine(model, EngineConfig(max_batch=args.batch, seed=args.seed), drafter, depth)
     requests = [Request(tok.encode_prompt(t, chat=not args.raw), params) for t in texts]
     budget = sum(r.params.max_new_tokens for r in requests)
@@ -480,7 +487,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="speculative decoding: ngram, self, draft:PATH, "
         "eagle3:PATH or mtp:PATH (default: plain decoding)",
     )
-    gen.add_argument("--k", type=int, default=3, help="draft tokens per iteration")
+    gen.add_argument("--k", type=int, default=3, help="draft tokens per iteration (the most)")
+    gen.add_argument(
+        "--depth",
+        choices=("fixed", "adaptive"),
+        default="fixed",
+        help="fixed: k while at most --spec-max-batch rows are active; adaptive: per "
+        "iteration from this machine's cost profile (measured once, cached) and acceptance",
+    )
+    gen.add_argument("--profile", default="", help="hardware profile for --depth adaptive")
     gen.add_argument(
         "--spec-max-batch",
         type=int,
@@ -532,6 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     tr.set_defaults(func=cmd_train)
 
+    _add_simulate(sub)
+
     draft = sub.add_parser("draft", help="train and evaluate drafters").add_subparsers(dest="what")
     draft.required = True
     dd = draft.add_parser("data", help="sample the policy and capture drafter training data")
@@ -573,6 +590,12 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--json", action="store_true", help="end with one JSON line")
     de.set_defaults(func=cmd_draft_eval)
     return p
+
+
+def _add_simulate(sub) -> None:
+    from specroll.sim.command import add_parser
+
+    add_parser(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,7 @@ def test_adaptive_depth_never_changes_the_samples(tiny_model):
 
 
 def test_cost_model_fit_recovers_known_coefficients(tmp_path):
-    true = CostModel(fixed=2e-3, per_token=5e-4, knee=8, kv=1e-8)
+    true = CostModel(fixed=2e-3, per_token=5e-4, knee=8, kv=1e-8, attn=3e-9)
     pts = [
         {"B": B, "q": q, "ctx": c, "seconds": true.target(B, q, c)}
         for B in (1, 2, 4, 8, 16)
@@ -66,3 +66,31 @@ def test_cost_model_fit_recovers_known_coefficients(tmp_path):
     assert CostModel.load(tmp_path / "p.json") == true
     with pytest.raises(ValueError, match="does not exist"):
         CostModel.load(tmp_path / "missing.json")
+
+
+def test_cached_profile_is_measured_once_and_remeasured_when_stale(
+    tiny_model, tmp_path, monkeypatch
+):
+    from specroll.drafters.ngram import NgramDrafter
+    from specroll.sim import profile as P
+
+    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path))
+    calls = []
+
+    def fake(model, drafter, prompts, **kw):
+        calls.append(1)
+        return CostModel(fixed=len(calls) * 1e-3, meta={"format": P.FORMAT})
+
+    monkeypatch.setattr(P, "profile", fake)
+    d = NgramDrafter()
+    first = P.cached_profile(tiny_model, d, [[1, 2, 3]], log=lambda m: None)
+    again = P.cached_profile(tiny_model, d, [[1, 2, 3]], log=lambda m: None)
+    assert len(calls) == 1 and again == first
+    (path,) = (tmp_path / "profiles").iterdir()
+    stale = CostModel.load(path)
+    stale.meta = {"format": P.FORMAT - 1}
+    stale.save(path)
+    P.cached_profile(tiny_model, d, [[1, 2, 3]], log=lambda m: None)
+    assert len(calls) == 2
+    given = P.cached_profile(tiny_model, d, [], path=str(path), log=lambda m: None)
+    assert given.fixed == 2e-3

@@ -63,3 +63,101 @@ def test_rollout_simulation_batch_shrinks_and_speculation_helps_the_tail():
     assert 1.5 < ar["gen_s"] / spec["gen_s"] < 2.5
     adaptive = simulate_rollout(cm, w, 1, 16, Speculation(3, sp.alphas, adaptive=True))
     assert adaptive["gen_s"] <= spec["gen_s"] * 1.001
+
+
+def test_acceptance_lengths_at_several_k_are_all_reproduced():
+    from specroll.sim.rollout import Speculation
+
+    s = Speculation.from_acceptance_lengths({3: 2.77, 5: 3.23, 7: 3.48})
+    assert [s.tau(k) for k in (3, 5, 7)] == pytest.approx([2.77, 3.23, 3.48], abs=1e-6)
+    assert all(0 < a < 1 for a in s.alphas)
+    with pytest.raises(ValueError, match="grow with k"):
+        Speculation.from_acceptance_lengths({3: 2.5, 5: 2.4})
+
+
+def test_advancing_runs_of_iterations_at_once_matches_the_token_loop():
+    """The replica simulation times a run of identical iterations at its mid context; for
+    a step model linear in the context that is exact, so it must equal one-by-one."""
+    import torch
+
+    from specroll.sim.costmodel import CostModel
+    from specroll.sim.rollout import Speculation, Workload, simulate_replica
+
+    cm = CostModel(fixed=0.01, per_token=1e-4, knee=16, kv=1e-7, attn=2e-8, draft_step=1e-3)
+    lengths = Workload(prompts=6, samples=8, mean_len=150, sigma=1.0, max_len=600).draw()
+    for spec in (Speculation(), Speculation.from_acceptance_length(2.2, 3)):
+        one = simulate_replica(cm, lengths, 12, 40, spec, max_run=1)
+        run = simulate_replica(cm, lengths, 12, 40, spec, max_run=64)
+        assert run["time"] == pytest.approx(one["time"], rel=1e-3)
+        assert run["iterations"] == one["iterations"]
+    assert torch.equal(
+        lengths, Workload(prompts=6, samples=8, mean_len=150, sigma=1.0, max_len=600).draw()
+    )
+    with pytest.raises(ValueError, match="workload.samples"):
+        Workload(samples=0)
+
+
+def test_async_lag_fills_the_tail_and_overlaps_the_learner():
+    from specroll.sim.presets import paper_8b
+    from specroll.sim.rlstep import Cluster, Pipeline
+
+    sync = paper_8b("zero")
+    sync.workload = replace_w(sync.workload, prompts=64)
+    res = sync.run()
+    st = res["stages_ar"]
+    assert st["step"] == pytest.approx(st["gen"] + st["logprob"] + st["train"] + st["prepare"])
+    lagged = paper_8b("zero")
+    lagged.workload = sync.workload
+    lagged.cluster = Cluster(gpus=32, gen_gpus=24)
+    lagged.pipeline = Pipeline(lag=2)
+    a = lagged.run()["stages_ar"]
+    learner = a["logprob"] + a["train"] + a["prepare"]
+    assert a["exposed_gen"] == pytest.approx(max(0.0, a["gen"] - learner))
+    assert a["step"] == pytest.approx(learner + a["exposed_gen"])
+    with pytest.raises(ValueError, match="gen_gpus"):
+        Cluster(gpus=8, gen_gpus=8)
+
+
+def replace_w(w, **kw):
+    from dataclasses import replace
+
+    return replace(w, **kw)
+
+
+def test_paper_calibration_and_held_out_predictions():
+    """The frozen calibration (benchmarks/sim_paper.py) reproduces what it was fitted on
+    (RL-Zero AR generation) and predicts the held-out RL-Think k = 3 generation speed-up
+    and both step speed-ups within 10%; k = 3 is the best fixed depth for both."""
+    from specroll.sim.presets import PAPER, paper_8b
+
+    for kind in ("zero", "think"):
+        paper = PAPER[f"paper-8b-rl-{kind}"]
+        runs = {k: paper_8b(kind, k=k).run() for k in (3, 5, 7)}
+        assert runs[3]["stages_ar"]["gen"] == pytest.approx(paper["stages_ar"]["gen"], rel=0.02)
+        assert runs[3]["gen_speedup"] == pytest.approx(paper["gen_speedup"][3], rel=0.10)
+        assert runs[3]["step_speedup"] == pytest.approx(paper["step_speedup"], rel=0.10)
+        assert runs[3]["gen_speedup"] > runs[5]["gen_speedup"] > runs[7]["gen_speedup"]
+
+
+def test_simulate_cli_json_and_bad_input(capsys, tmp_path):
+    import json
+
+    from specroll.cli import main
+
+    assert (
+        main(["simulate", "--preset", "paper-8b-rl-think", "--json", "--plots", str(tmp_path)]) == 0
+    )
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("gen_speedup", "step_speedup", "amdahl_bound", "stages_ar", "stages_spec"):
+        assert key in out
+    assert out["stages_spec"]["gen"] < out["stages_ar"]["gen"]
+    assert (tmp_path / "heatmap.png").stat().st_size > 0 and (tmp_path / "trace.png").is_file()
+    sweep = out["sweep"]
+    assert len(sweep["gen_speedup"]) == len(sweep["k"])
+    assert main(["simulate", "--preset", "nope"]) == 2
+    assert "paper-8b-rl-zero" in capsys.readouterr().err
+    assert main(["simulate", "--k", "3", "--acceptance-length", "4.5", "--no-sweep"]) == 2
+    assert "acceptance-length" in capsys.readouterr().err
+    (tmp_path / "lens.json").write_text("[100, 200, 4000]")
+    args = ["simulate", "--lengths-from", str(tmp_path / "lens.json"), "--no-sweep", "--json"]
+    assert main(args) == 0

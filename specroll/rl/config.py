@@ -58,14 +58,14 @@ class RolloutConfig:
     """Engine cache slots (concurrent rollouts)."""
     speculative: bool = True
     """Generate with the draft (lossless); False = plain autoregressive decoding."""
-    k: int = 3
-    """Draft tokens per speculative iteration."""
+    k: int = 7
+    """Draft tokens per speculative iteration (depth='adaptive': the most it may choose)."""
     spec_max_batch: int = 4
     """depth='fixed': speculate only while at most this many rows are active (CPU
     verification is compute bound at larger batches; see `specroll bench engine`)."""
-    depth: str = "fixed"
-    """'fixed' (k up to spec_max_batch rows) or 'adaptive' (per-iteration k in 0..k from
-    the cost model and online acceptance; see engine.depth)."""
+    depth: str = "adaptive"
+    """'adaptive' (per-iteration k in 0..k maximising tokens/s from this machine's cost
+    profile and online acceptance; see engine.depth) or 'fixed' (k up to spec_max_batch)."""
     profile: str = ""
     """depth='adaptive': hardware profile JSON; '' = measure once and cache it."""
 

@@ -119,23 +119,12 @@ class Trainer:
 
     def _cost_model(self, drafter) -> CostModel:
         """The hardware profile for adaptive depth: given, cached, or measured now."""
-        r = self.cfg.rollout
-        if r.profile:
-            return CostModel.load(r.profile)
-        from specroll.model.hub import home
-        from specroll.sim.profile import profile
+        from specroll.sim.profile import cached_profile
 
-        c = self.policy.cfg
-        name = f"{c.num_layers}x{c.hidden_size}-v{c.vocab_size}-t{torch.get_num_threads()}"
-        path = home() / "profiles" / f"{name}-eagle3.json"
-        if path.is_file():
-            return CostModel.load(path)
-        self.log(f"measuring a hardware profile for adaptive depth ({path})")
         prompts = [encode(self.tok, p) for p in math_problems(8, seed=3)]
-        cm = profile(self.engine_policy, drafter, prompts, log=self.log)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cm.save(path)
-        return cm
+        return cached_profile(
+            self.engine_policy, drafter, prompts, self.cfg.rollout.profile, self.log
+        )
 
     # ------------------------------------------------------------------ data
 
@@ -267,6 +256,7 @@ class Trainer:
             accuracy=round(float((rewards > 0).float().mean()), 4),
             response_len_mean=round(float(lengths_resp.float().mean()), 2),
             response_len_max=int(lengths_resp.max()),
+            response_lengths=lengths_resp.tolist(),  # `specroll simulate --lengths-from`
             groups_kept=int(keep.sum()),
             groups=len(problems),
             acceptance_length=round(spec.acceptance_length, 4) if spec.drafts else None,

@@ -107,6 +107,8 @@ class HardwareSpec:
     """Share of peak bandwidth a weight/KV stream reaches."""
     step_overhead: float = 3e-3
     """Fixed seconds per decode iteration (launches, scheduler, sampling)."""
+    draft_overhead: float = 3e-4
+    """Fixed seconds per drafter forward (one per draft token, plus the feature pass)."""
 
 
 HARDWARE: dict[str, HardwareSpec] = {

@@ -3,13 +3,15 @@
 A decode/verify forward over B rows adding q tokens each at context c processes N = B*q
 tokens. Its time is modelled as
 
-    T(B, q, c) = fixed + per_token * max(N, knee) + kv * N * c
+    T(B, q, c) = fixed + per_token * max(N, knee) + kv * B * c + attn * N * c
 
 * `fixed`: per-forward overhead (kernel launches, Python, norms) independent of size;
 * `per_token * max(N, knee)`: the linear layers. Below the knee the weights are read
   once whatever N is (memory bound, flat); above it the cost grows with N (compute
   bound). The knee is where the machine's FLOP/byte ratio meets the model's;
-* `kv * N * c`: attention over the cache (each query reads c keys).
+* `kv * B * c`: reading the KV cache — once per row, shared by its q queries (which
+  is why verifying k+1 tokens at long context costs less than k+1 forwards: MagicDec);
+* `attn * N * c`: attention arithmetic (each of the N queries scores c keys).
 
 The drafter costs, per speculative iteration, `draft_fixed + draft_per_row * B` (feeding
 the verified tokens' features back) plus, per draft token, `draft_step +
@@ -36,6 +38,7 @@ class CostModel:
     per_token: float = 0.0
     knee: float = 1.0
     kv: float = 0.0
+    attn: float = 0.0
     draft_fixed: float = 0.0
     draft_per_row: float = 0.0
     draft_step: float = 0.0
@@ -48,7 +51,8 @@ class CostModel:
     def target(self, B: float, q: float, ctx: float) -> float:
         """Target forward adding q tokens to each of B rows at context ctx."""
         n = B * q
-        return self.fixed + self.per_token * max(n, self.knee) + self.kv * n * ctx
+        kv = self.kv * B * ctx + self.attn * n * ctx
+        return self.fixed + self.per_token * max(n, self.knee) + kv
 
     def draft(self, B: float, k: int) -> float:
         """Drafter time of one iteration proposing k tokens per row (0 when k = 0)."""
@@ -64,6 +68,11 @@ class CostModel:
     def iteration(self, B: float, k: int, ctx: float) -> float:
         """Wall time of one engine iteration drafting k tokens per row (k = 0: plain)."""
         return self.target(B, k + 1, ctx) + self.draft(B, k) + self.overhead(B, k)
+
+    def prefill(self, B: float, prompt: float) -> float:
+        """Prefill of B new rows of `prompt` tokens (the linear and attention terms at
+        q = prompt, each query reading on average half the prompt)."""
+        return self.target(B, prompt, prompt / 2)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -94,18 +103,20 @@ def _lstsq(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def fit_target(points: list[dict]) -> tuple[dict, dict]:
-    """Fit fixed / per_token / knee / kv to points {B, q, ctx, seconds}.
+    """Fit fixed / per_token / knee / kv / attn to points {B, q, ctx, seconds}.
 
-    The knee is chosen on a grid (every measured N); for each, the other three are a
+    The knee is chosen on a grid (every measured N); for each, the other four are a
     linear least-squares fit on relative error (rows weighted by 1 / seconds, so small
     and large forwards count alike). Returns (coefficients, {"mape", "max_rel_err"}).
     """
+    b = torch.tensor([p["B"] for p in points], dtype=torch.float64)
     n = torch.tensor([p["B"] * p["q"] for p in points], dtype=torch.float64)
     c = torch.tensor([p["ctx"] for p in points], dtype=torch.float64)
     y = torch.tensor([p["seconds"] for p in points], dtype=torch.float64)
     best = None
     for knee in sorted(set(n.tolist())):
-        X = torch.stack([torch.ones_like(n), n.clamp(min=knee), n * c], dim=1) / y.unsqueeze(1)
+        X = torch.stack([torch.ones_like(n), n.clamp(min=knee), b * c, n * c], dim=1)
+        X = X / y.unsqueeze(1)
         coef = _lstsq(X, torch.ones_like(y))
         pred = (X * y.unsqueeze(1)) @ coef
         rel = ((pred - y) / y).abs()
@@ -117,6 +128,7 @@ def fit_target(points: list[dict]) -> tuple[dict, dict]:
         "per_token": float(coef[1]),
         "knee": knee,
         "kv": float(coef[2]),
+        "attn": float(coef[3]),
     }
     return fitted, {"mape": round(mape, 4), "max_rel_err": round(worst, 4)}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -22,6 +23,9 @@ from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import KVCache, Transformer
 from specroll.sim.costmodel import CostModel, fit_features, fit_linear, fit_target
+
+FORMAT = 2
+"""Version of the cost model's terms; cached profiles of another version are re-measured."""
 
 
 @torch.inference_mode()
@@ -47,9 +51,9 @@ def profile(
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
     qs: tuple[int, ...] = (1, 2, 4, 8),
     ctxs: tuple[int, ...] = (64, 256, 1024),
-    engine_batches: tuple[int, ...] = (1, 2, 4, 8),
-    engine_ks: tuple[int, ...] = (1, 3, 5),
-    new_tokens: int = 48,
+    engine_batches: tuple[int, ...] = (1, 4, 16, 32),
+    engine_ks: tuple[int, ...] = (0, 1, 3, 5),
+    new_tokens: int = 32,
     repeats: int = 5,
     log: Callable[[str], None] = print,
 ) -> CostModel:
@@ -76,7 +80,9 @@ def profile(
                 for i in range(B)
             ]
             for k in engine_ks:
-                eng = Engine(model, EngineConfig(max_batch=B), drafter, FixedDepth(k))
+                # k = 0: a drafter attached (it stores features) that never drafts
+                depth = FixedDepth(k) if k else FixedDepth(max(engine_ks), max_batch=0)
+                eng = Engine(model, EngineConfig(max_batch=B), drafter, depth)
                 eng.generate(reqs[:1])  # warm-up
                 eng.generate(reqs)
                 s = eng.stats
@@ -85,8 +91,9 @@ def profile(
                     {"B": B, "k": k, "draft_s": s.draft_s / it, "other_s": s.other_s / it}
                 )
             log(f"engine with drafter {drafter.name} at batch {B}: k = {list(engine_ks)}")
-        feats = [[1.0, p["B"], p["k"], p["k"] * p["B"]] for p in engine_pts]
-        d, d_err = fit_features(feats, [p["draft_s"] for p in engine_pts])
+        drafting = [p for p in engine_pts if p["k"] > 0]  # k = 0 only stores features
+        feats = [[1.0, p["B"], p["k"], p["k"] * p["B"]] for p in drafting]
+        d, d_err = fit_features(feats, [p["draft_s"] for p in drafting])
         o0, o1, o_err = fit_linear(
             [p["B"] * (p["k"] + 1) for p in engine_pts], [p["other_s"] for p in engine_pts]
         )
@@ -94,10 +101,42 @@ def profile(
         cm.overhead_fixed, cm.overhead_per_token = o0, o1
         err.update(draft_mape=round(d_err, 4), overhead_mape=round(o_err, 4))
     cm.meta = {
+        "format": FORMAT,
         "threads": torch.get_num_threads(),
         "fit_error": err,
         "target_points": points,
         "engine_points": engine_pts,
         "drafter": None if drafter is None else drafter.name,
     }
+    return cm
+
+
+def cached_profile(
+    model: Transformer,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    path: str | Path = "",
+    log: Callable[[str], None] = print,
+) -> CostModel:
+    """The hardware profile of `model` + `drafter` on this machine: the one at `path`, or
+    the cached one under $SPECROLL_HOME/profiles (measured now, once, if missing).
+
+    The cache key is the model shape, the drafter and the thread count: a profile taken
+    with other threads or another model would choose depths for the wrong machine."""
+    if path:
+        return CostModel.load(path)
+    from specroll.model.hub import home
+
+    c = model.cfg
+    key = f"{c.num_layers}x{c.hidden_size}-v{c.vocab_size}-t{torch.get_num_threads()}"
+    cached = home() / "profiles" / f"{key}-{drafter.name}.json"
+    if cached.is_file():
+        cm = CostModel.load(cached)
+        if cm.meta.get("format") == FORMAT:
+            return cm
+        log(f"{cached} was measured for an older cost model; measuring again")
+    log(f"measuring a hardware profile for adaptive depth (once; saved to {cached})")
+    cm = profile(model, drafter, prompts, log=log)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cm.save(cached)
     return cm

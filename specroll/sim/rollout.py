@@ -35,6 +35,17 @@ class Workload:
     lengths: list[int] | None = None
     """Explicit response lengths (e.g. from a run's metrics) instead of the distribution."""
 
+    def __post_init__(self) -> None:
+        for name in ("prompts", "samples", "prompt_len", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"workload.{name} must be >= 1, got {getattr(self, name)}")
+        if self.mean_len <= 0 or self.sigma < 0:
+            raise ValueError(
+                f"workload.mean_len must be > 0 and sigma >= 0, got {self.mean_len}, {self.sigma}"
+            )
+        if self.lengths is not None and (not self.lengths or min(self.lengths) < 1):
+            raise ValueError("workload.lengths must be a non-empty list of positive lengths")
+
     def draw(self) -> torch.Tensor:
         """[prompts * samples] response lengths."""
         if self.lengths is not None:
@@ -56,6 +67,14 @@ class Speculation:
     """Conditional per-position acceptance alpha_1..alpha_k (see tau)."""
     adaptive: bool = False
     """Pick k in 0..k per iteration to maximise tokens/s (else always k)."""
+    max_batch: int = 1 << 30
+    """Fixed depth only: speculate while at most this many rows are active (else k = 0)."""
+
+    def depths(self, B: int) -> range | list[int]:
+        """The depths an iteration over B active rows may choose from."""
+        if self.adaptive:
+            return range(self.k + 1)
+        return [self.k if self.max_batch >= B else 0]
 
     def tau(self, k: int) -> float:
         out, run = 1.0, 1.0
@@ -73,38 +92,78 @@ class Speculation:
             lo, hi = (a, hi) if sum(a**i for i in range(k + 1)) < al else (lo, a)
         return Speculation(k=k, alphas=[lo] * k)
 
+    @staticmethod
+    def from_acceptance_lengths(als: dict[int, float], k: int | None = None) -> Speculation:
+        """Piecewise-constant alphas reproducing acceptance lengths measured at several k
+        (e.g. {3: 3.32, 5: 4.35, 7: 5.06}): positions up to the first k share one alpha,
+        each further segment its own, so every listed AL is matched exactly."""
+        alphas: list[float] = []
+        for kk in sorted(als):
+            base = Speculation(len(alphas), list(alphas))
+            reach = base.tau(len(alphas)) - base.tau(len(alphas) - 1) if alphas else 1.0
+            n, target = kk - len(alphas), als[kk] - base.tau(len(alphas))
+            if n < 1 or target <= 0:
+                raise ValueError(f"acceptance lengths must grow with k, got {als}")
+            lo, hi = 0.0, 1.0
+            for _ in range(60):  # reach * (a + a^2 + ... + a^n) = target
+                a = (lo + hi) / 2
+                lo, hi = (a, hi) if reach * sum(a**i for i in range(1, n + 1)) < target else (lo, a)
+            alphas += [lo] * n
+        kk = max(als) if k is None else k
+        return Speculation(k=kk, alphas=(alphas + [alphas[-1]] * kk)[:kk])
+
 
 def simulate_replica(
-    step, lengths: torch.Tensor, max_batch: int, prompt_len: int, spec: Speculation
+    step,
+    lengths: torch.Tensor,
+    max_batch: int,
+    prompt_len: float,
+    spec: Speculation,
+    max_run: int = 32,
 ) -> dict:
-    """Generation time of one replica for `lengths` (its share of the samples)."""
+    """Generation time of one replica for `lengths` (its share of the samples).
+
+    Mirrors the engine's loop: an iteration either admits queued requests into free
+    slots (one batched prefill, which also samples their first token) or advances every
+    active row by one decode / speculative step; a row leaves when it has its tokens.
+    Requests are admitted in order, so `lengths` is also the queue. Runs of iterations
+    with the same rows are advanced together (at most `max_run`; the adaptive depth is
+    chosen once per run), so the cost is per finishing row, not per token.
+    """
+    n = len(lengths)
     remaining = lengths.clone()
-    queue = list(range(len(lengths)))
-    active: list[int] = []
-    done_tokens = torch.zeros_like(lengths)
-    t, iters = 0.0, 0
+    done = torch.zeros_like(lengths)  # [n] tokens generated so far
+    active = torch.zeros(n, dtype=torch.bool)
+    admitted, t, iters = 0, 0.0, 0
     trace: list[tuple[float, int, int]] = []
-    while queue or active:
-        if queue and len(active) < max_batch:
-            new = queue[: max_batch - len(active)]
-            queue = queue[len(new) :]
-            active += new
-            t += step.prefill(len(new), prompt_len) if hasattr(step, "prefill") else 0.0
-        B = len(active)
-        ctx = prompt_len + float(done_tokens[active].mean())
-        ks = range(spec.k + 1) if spec.adaptive else [spec.k]
-        k = max(ks, key=lambda kk: spec.tau(kk) / step.iteration(B, kk, ctx))
-        dt = step.iteration(B, k, ctx)
-        adv = spec.tau(k)
-        idx = torch.tensor(active)
-        done_tokens[idx] += adv
-        remaining[idx] -= adv
-        t += dt
-        iters += 1
-        if iters % 16 == 1 or len(trace) < 64:
-            trace.append((round(t, 4), B, k))
-        active = [i for i in active if remaining[i] > 0]
-    return {"time": t, "iterations": iters, "trace": trace}
+    depth = [0] * (spec.k + 1)
+    tau = [spec.tau(k) for k in range(spec.k + 1)]
+    while admitted < n or bool(active.any()):
+        B = int(active.sum())
+        if admitted < n and max_batch > B:
+            new = slice(admitted, min(n, admitted + max_batch - B))
+            admitted = new.stop
+            active[new] = True
+            remaining[new] -= 1
+            done[new] += 1
+            t += step.prefill(new.stop - new.start, prompt_len)
+        else:
+            # until the next row finishes nothing but the context changes: advance m
+            # iterations at once, timed at their middle context (exact for step models
+            # linear in the context, e.g. the fitted CostModel)
+            ctx = prompt_len + float(done[active].mean())
+            k = max(spec.depths(B), key=lambda kk: tau[kk] / step.iteration(B, kk, ctx))
+            m = max(1, min(max_run, math.ceil(float(remaining[active].min()) / tau[k])))
+            remaining[active] -= tau[k] * m
+            done[active] += tau[k] * m
+            t += m * step.iteration(B, k, ctx + tau[k] * (m - 1) / 2)
+            iters += m
+            depth[k] += m
+            trace.append((t, B, k))
+        active &= remaining > 0
+    if len(trace) > 400:  # keep the plot data small: every n-th point and the last
+        trace = trace[:: len(trace) // 400 + 1] + trace[-1:]
+    return {"time": t, "iterations": iters, "depth_hist": depth, "trace": trace}
 
 
 def simulate_rollout(
@@ -122,6 +181,7 @@ def simulate_rollout(
     return {
         "gen_s": slowest["time"],
         "iterations": slowest["iterations"],
+        "depth_hist": slowest["depth_hist"],
         "trace": slowest["trace"],
         "tokens": float(lengths.sum()),
         "mean_len": float(lengths.mean()),

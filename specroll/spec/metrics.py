@@ -30,6 +30,8 @@ class SpecStats:
     """[i] drafts whose tokens 0..i were all accepted."""
     drafted_per_pos: list[int] = field(default_factory=list)
     """[i] drafts that proposed at least i+1 tokens."""
+    depth_hist: list[int] = field(default_factory=list)
+    """[k] decode/verification forwards that drafted k tokens per row (0 = plain)."""
     target_forwards: int = 0
     """Decode/verification forwards of the target (prefill excluded)."""
     row_forwards: int = 0
@@ -49,6 +51,9 @@ class SpecStats:
         self.row_forwards += num_draft.shape[0]
         self.emitted_tokens += emitted
         K = accepted.shape[1]
+        while len(self.depth_hist) <= K:
+            self.depth_hist.append(0)
+        self.depth_hist[K] += 1
         if K == 0 or not bool((num_draft > 0).any()):
             return
         while len(self.accepted_per_pos) < K:
@@ -96,6 +101,7 @@ class SpecStats:
             "acceptance_rate": round(self.acceptance_rate, 4),
             "per_position": [round(x, 4) for x in self.per_position],
             "target_forwards": self.target_forwards,
+            "depth_hist": list(self.depth_hist),
             "tokens_per_target_forward": round(self.tokens_per_forward, 4),
             "draft_s": round(self.draft_s, 4),
             "target_s": round(self.target_s, 4),
