@@ -94,3 +94,22 @@ def test_cached_profile_is_measured_once_and_remeasured_when_stale(
     assert len(calls) == 2
     given = P.cached_profile(tiny_model, d, [], path=str(path), log=lambda m: None)
     assert given.fixed == 2e-3
+
+
+def test_adaptive_probes_again_after_an_unlucky_start():
+    """A few early rejections push the estimate below break-even; without evidence the
+    counts relax to the prior, so drafting is tried again (and then kept, if it pays)."""
+    cm = CostModel(fixed=0.01, per_token=1e-3, knee=1, draft_step=1e-3)  # k=1 pays if a > 0.2
+    d = AdaptiveDepth(cm, k_max=1, prior=0.5, prior_weight=4.0, decay=0.95)
+    assert d.choose(1) == 1  # the prior says drafting pays
+    for _ in range(10):  # unlucky: every draft rejected, until drafting is switched off
+        d.observe(torch.ones(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.bool))
+        if d.choose(1) == 0:
+            break
+    else:
+        raise AssertionError("ten rejections in a row did not switch drafting off")
+    waited = next(i for i in range(200) if d.choose(1) == 1)
+    assert 0 < waited < 100
+    costly = CostModel(fixed=0.0, per_token=0.01, knee=1, draft_step=1e-3)
+    e = AdaptiveDepth(costly, k_max=3, prior=0.5)
+    assert all(e.choose(32) == 0 for _ in range(300))  # no probing where it cannot pay

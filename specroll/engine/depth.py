@@ -52,8 +52,14 @@ class AdaptiveDepth:
     tau(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j, where alpha_j is the probability that
     draft token j is accepted given tokens 1..j-1 were. Each alpha_j is a ratio of
     exponentially decayed counts (accepted at j / reached j) with a prior of
-    `prior_weight` pseudo-drafts at `prior`; positions not drafted lately keep their
-    estimate. k = 0 whenever no depth beats plain decoding.
+    `prior_weight` pseudo-drafts at `prior`. k = 0 whenever no depth beats plain decoding.
+
+    The counts decay every iteration, drafted or not: evidence is forgotten at the same
+    pace whether or not it is renewed, so estimates that a bad run pushed below the
+    break-even relax towards the prior and the policy probes again (without this, a few
+    early rejections at a marginal batch size switch drafting off for good — no more
+    drafts, no more evidence). Where drafting clearly loses (large batches on a CPU) even
+    the prior does not pay, so probing costs nothing there.
     """
 
     cost: object
@@ -65,7 +71,8 @@ class AdaptiveDepth:
     prior_weight: float = 4.0
     """Pseudo-count of the prior."""
     decay: float = 0.98
-    """Per-iteration decay of the counts (tracks a changing policy / draft)."""
+    """Per-iteration decay of the counts (tracks a changing policy / draft, and lets a
+    pessimistic estimate relax so that drafting is probed again)."""
     reached: torch.Tensor = field(init=False, repr=False)
     accepted: torch.Tensor = field(init=False, repr=False)
 
@@ -87,6 +94,8 @@ class AdaptiveDepth:
         return 1.0 + float(torch.cumprod(self.alphas()[:k], 0).sum()) if k else 1.0
 
     def choose(self, batch_size: int, ctx: float = 0.0) -> int:
+        self.reached *= self.decay
+        self.accepted *= self.decay
         B = batch_size
         rates = [
             B * self.expected_tokens(k) / self.cost.iteration(B, k, ctx)
@@ -106,7 +115,5 @@ class AdaptiveDepth:
         acc = accepted[:, :k].double() * drafted
         # position j is *reached* when j was drafted and 0..j-1 were accepted
         prev = torch.cat([torch.ones_like(acc[:, :1]), acc[:, :-1]], dim=1)
-        self.reached *= self.decay
-        self.accepted *= self.decay
         self.reached[:k] += (drafted * prev).sum(0)
         self.accepted[:k] += acc.sum(0)
