@@ -52,10 +52,16 @@ def main() -> None:
     ap.add_argument("--mem-eff", default="0.55,0.7,0.8,0.9")
     ap.add_argument("--step-overhead-ms", default="1,2,4")
     ap.add_argument("--draft-overhead-ms", default="0.5,1,2")
+    ap.add_argument(
+        "--calibrate-on", choices=("zero", "think"), default="zero", help="workload fitted"
+    )
     args = ap.parse_args()
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
-    zero = PAPER["paper-8b-rl-zero"]
-    target = {k: zero["stages_ar"]["gen"] / s for k, s in zero["gen_speedup"].items()}
+    fit_kind = args.calibrate_on
+    other_kind = "think" if fit_kind == "zero" else "zero"
+    fit_paper = PAPER[f"paper-8b-rl-{fit_kind}"]
+    gen_ar = fit_paper["stages_ar"]["gen"]
+    target = {k: gen_ar / s for k, s in fit_paper["gen_speedup"].items()}
     best = None
     grid = itertools.product(
         floats(args.flop_eff),
@@ -70,15 +76,18 @@ def main() -> None:
             "step_overhead": so * 1e-3,
             "draft_overhead": do * 1e-3,
         }
-        L = fit_mean_len("zero", zero["stages_ar"]["gen"], **hw)
-        pred = {k: gen_time("zero", k, mean_len=L, **hw) for k in target}
+        L = fit_mean_len(fit_kind, gen_ar, **hw)
+        pred = {k: gen_time(fit_kind, k, mean_len=L, **hw) for k in target}
         err = sum(math.log(pred[k] / target[k]) ** 2 for k in target)
         print(f"{hw}  mean_len {L:.0f}  err {err:.4f}", flush=True)
         if best is None or err < best[0]:
             best = (err, hw, L, pred)
-    err, hw, zero_len, _ = best
-    think = PAPER["paper-8b-rl-think"]
-    think_len = fit_mean_len("think", think["stages_ar"]["gen"], **hw)
+    err, hw, fit_len, _ = best
+    other = PAPER[f"paper-8b-rl-{other_kind}"]
+    other_len = fit_mean_len(other_kind, other["stages_ar"]["gen"], **hw)
+    lens = {fit_kind: fit_len, other_kind: other_len}
+    zero = PAPER["paper-8b-rl-zero"]
+    zero_len = lens["zero"]
 
     # learner: MFUs and prepare from RL-Zero's AR stages (one pass each, closed form)
     base = paper_8b("zero", mean_len=zero_len, **hw)
@@ -93,7 +102,7 @@ def main() -> None:
     learner = {"logprob_mfu": round(lp, 4), "train_mfu": round(tr, 4), "prepare_fixed_s": prep}
 
     rows = []
-    for kind, L in (("zero", zero_len), ("think", think_len)):
+    for kind, L in (("zero", lens["zero"]), ("think", lens["think"])):
         paper = PAPER[f"paper-8b-rl-{kind}"]
         for k in (3, 5, 7):
             res = paper_8b(kind, k=k, mean_len=L, **hw, **learner).run()
@@ -101,7 +110,7 @@ def main() -> None:
                 {
                     "workload": kind,
                     "k": k,
-                    "calibrated_on": kind == "zero",
+                    "calibrated_on": kind == fit_kind,
                     "gen_ar_s": round(res["stages_ar"]["gen"], 1),
                     "gen_spec_s": round(res["stages_spec"]["gen"], 1),
                     "gen_speedup": round(res["gen_speedup"], 3),
@@ -126,8 +135,9 @@ def main() -> None:
         "bench": "sim_paper",
         "fitted": {
             "gb200": hw,
-            "zero_mean_len": round(zero_len),
-            "think_mean_len": round(think_len),
+            "calibrated_on": fit_kind,
+            "zero_mean_len": round(lens["zero"]),
+            "think_mean_len": round(lens["think"]),
             "learner": learner,
             "fit_sq_log_err": round(err, 5),
         },

@@ -132,6 +132,9 @@ class LossConfig:
     """Divide advantages by the group std (GRPO); False = mean-centred only."""
     updates_per_step: int = 1
     """Optimizer steps per RL step (the batch is split; >1 makes the clip matter)."""
+    behaviour_weight_cap: float = 2.0
+    """Async (pipeline.max_lag > 0): cap of the decoupled-PPO importance weight
+    pi_prox / pi_behaviour that corrects for samples drawn by an older policy."""
 
     def __post_init__(self) -> None:
         _check(0 <= self.clip_low < 1, f"loss.clip_low must be in [0, 1), got {self.clip_low}")
@@ -205,9 +208,14 @@ class PipelineConfig:
     """Every this many steps, also generate the step's requests without speculation (same
     prompts, seeds and policy version; discarded) to measure the generation speed-up
     (0 = never)."""
+    max_lag: int = 0
+    """Asynchronous RL: rollouts for steps t+1..t+max_lag are generated while the learner
+    trains step t, so a sample may come from a policy up to max_lag updates old (older
+    ones are dropped and counted). 0 = synchronous. Overlap needs the Ray backend."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"pipeline.steps must be >= 1, got {self.steps}")
+        _check(self.max_lag >= 0, f"pipeline.max_lag must be >= 0, got {self.max_lag}")
         _check(
             self.checkpoint_every >= 0,
             f"pipeline.checkpoint_every must be >= 0, got {self.checkpoint_every}",
@@ -229,6 +237,35 @@ class LogConfig:
 
 
 @dataclass
+class RayConfig:
+    """Placement: rollouts in this process (default) or on Ray rollout workers."""
+
+    enabled: bool = False
+    """Generate on Ray actors (each owns an engine replica: policy + draft)."""
+    address: str = ""
+    """'' = start a local Ray; otherwise a cluster address to join ('auto', 'ray://...')."""
+    workers: int = 2
+    """Rollout workers (engine replicas); each takes a share of every step's prompts."""
+    cpus_per_worker: float = 1.0
+    """CPUs each worker reserves (and its torch threads)."""
+    gpus_per_worker: float = 0.0
+    """GPUs each worker reserves (0 on CPU machines)."""
+    max_restarts: int = 3
+    """Times a step may restart dead workers (re-queueing their prompts) before failing."""
+
+    def __post_init__(self) -> None:
+        _check(self.workers >= 1, f"ray.workers must be >= 1, got {self.workers}")
+        _check(
+            self.cpus_per_worker > 0, f"ray.cpus_per_worker must be > 0, got {self.cpus_per_worker}"
+        )
+        _check(
+            self.gpus_per_worker >= 0,
+            f"ray.gpus_per_worker must be >= 0, got {self.gpus_per_worker}",
+        )
+        _check(self.max_restarts >= 0, f"ray.max_restarts must be >= 0, got {self.max_restarts}")
+
+
+@dataclass
 class TrainConfig:
     """Everything `specroll train` runs with."""
 
@@ -239,6 +276,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -279,6 +317,7 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "pipeline": PipelineConfig,
     "log": LogConfig,
+    "ray": RayConfig,
 }
 
 

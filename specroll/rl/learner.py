@@ -76,7 +76,10 @@ class Learner:
         draft: DraftNet | None = None,
         draft_cfg: DraftConfig | None = None,
         reference: Transformer | None = None,
+        decoupled: bool = False,
     ) -> None:
+        self.decoupled = decoupled
+        """Reweight by pi_prox / pi_behaviour (async: samples from older policies)."""
         self.policy, self.pcfg, self.lcfg, self.temperature = (
             policy,
             policy_cfg,
@@ -167,6 +170,10 @@ class Learner:
             per_tok, clipped = L.clipped_objective(
                 logp, old_logp[rows, :W], b.advantages, self.lcfg.clip_low, self.lcfg.clip_high
             )
+            if self.decoupled:
+                per_tok = per_tok * L.behaviour_weight(
+                    old_logp[rows, :W], b.behaviour_logp, self.lcfg.behaviour_weight_cap
+                )
             if self.lcfg.kl_coef > 0 and ref_logp is not None:
                 kl = L.kl_k3(logp, ref_logp[rows, :W])
                 per_tok = per_tok + self.lcfg.kl_coef * kl

@@ -59,6 +59,19 @@ def clipped_objective(
     return loss, (clipped_obj < unclipped_obj).float()
 
 
+def behaviour_weight(
+    old_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Decoupled PPO (Hilton et al. 2021): per-token pi_prox / pi_behaviour, capped.
+
+    In asynchronous RL a sample was drawn by the policy of an older step (the behaviour
+    policy, whose log-probs the engine recorded); the clipped ratio is taken against the
+    recomputed current ("proximal") policy, so the surrogate is reweighted by how much
+    more likely the proximal policy makes the token. No gradient flows through it.
+    """
+    return torch.exp(old_logp - behaviour_logp).clamp(max=cap).detach()
+
+
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
     d = ref_logp - logp

@@ -36,7 +36,7 @@ from specroll.rl import checkpoint
 from specroll.rl import loss as L
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch, Learner
-from specroll.rl.sync import LocalSync
+from specroll.rl.rollout import LocalRollout, Pending
 from specroll.rl.tasks.arithmetic import Problem
 from specroll.rl.tasks.reward import math_reward
 from specroll.rl.tasks.sets import encode, load_file, math_problems
@@ -98,10 +98,21 @@ class Trainer:
                 depth = AdaptiveDepth(self._cost_model(drafter), k_max=cfg.rollout.k)
             else:
                 depth = FixedDepth(cfg.rollout.k, max_batch=cfg.rollout.spec_max_batch)
-        self.engine = Engine(
-            self.engine_policy, EngineConfig(max_batch=cfg.rollout.max_batch), drafter, depth
-        )
-        self.sync = LocalSync(self.engine, self.engine_draft)
+        ecfg = EngineConfig(max_batch=cfg.rollout.max_batch)
+        self.engine = Engine(self.engine_policy, ecfg, drafter, depth)
+        if cfg.ray.enabled:  # same loop, rollouts on Ray workers (engine replicas)
+            try:
+                import ray  # noqa: F401
+            except ImportError as e:
+                raise ValueError("ray.enabled=true needs Ray: pip install 'specroll[ray]'") from e
+            from specroll.rl.ray_rollout import RayRollout
+
+            dcfg = self.engine_draft.cfg if drafter is not None else None
+            self.rollout = RayRollout(cfg.ray, self.engine_policy.cfg, dcfg, ecfg, depth)
+            self.rollout.publish(0, self.engine_policy, self.engine_draft)
+        else:
+            self.rollout = LocalRollout(self.engine, self.engine_draft)
+        self._inflight: dict[int, Pending] = {}
         reference = None
         if cfg.loss.kl_coef > 0:
             reference = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -110,12 +121,20 @@ class Trainer:
             vocab = torch.arange(draft.cfg.draft_vocab_size) + draft.d2t
             net = DraftNet("eagle3", policy, draft, vocab)
         self.learner = Learner(
-            policy, cfg.policy, cfg.loss, cfg.rollout.temperature, net, cfg.draft, reference
+            policy,
+            cfg.policy,
+            cfg.loss,
+            cfg.rollout.temperature,
+            net,
+            cfg.draft,
+            reference,
+            decoupled=cfg.pipeline.max_lag > 0,
         )
         self.step = 0
+        self.dropped = 0
+        """Samples dropped for being more than pipeline.max_lag versions old."""
         self._stop = False
         self._file_items = task_items(cfg)
-        self._shadow: Engine | None = None
 
     def _cost_model(self, drafter) -> CostModel:
         """The hardware profile for adaptive depth: given, cached, or measured now."""
@@ -147,6 +166,42 @@ class Trainer:
         if self._file_items is not None:
             return self._file_items[len(self._file_items) - d.val_size :]
         return math_problems(d.val_size, self.cfg.pipeline.seed + VAL_SEED_OFFSET, d.levels)
+
+    def step_requests(self, step: int) -> list[Request]:
+        """The rollout requests of `step` (a pure function of seed and step)."""
+        seed = (self.cfg.pipeline.seed * 1_000_003 + step) * 100_000
+        return self._requests(self.problems(step), self.cfg.data.group_size, seed)
+
+    def _rollouts(self, s: int, reqs: list[Request]):
+        """Step s's rollouts and {lag: samples}.
+
+        Synchronous (max_lag 0): generate now with the current weights (version s).
+        Asynchronous: keep steps s..s+max_lag submitted — a step is submitted with the
+        weights current at submission, so its samples are at most max_lag versions old
+        when trained on — and wait for step s's. Samples older than max_lag (possible
+        only after a resume or from a foreign submission) are dropped, counted, and
+        their step regenerated with the current weights.
+        """
+        L = self.cfg.pipeline.max_lag
+        for t in range(s, min(s + L, self.cfg.pipeline.steps - 1) + 1):
+            if t not in self._inflight:
+                self._inflight[t] = self.rollout.submit(reqs if t == s else self.step_requests(t))
+        results, spec = self._inflight.pop(s).result()
+        stale = sum(s - r.policy_version > L for r in results)
+        if stale:
+            self.dropped += stale
+            results, spec = self.rollout.generate(reqs)
+        lag: dict[int, int] = {}
+        for r in results:
+            want_draft = None if self.engine_draft is None else r.policy_version
+            if r.draft_version != want_draft or not 0 <= s - r.policy_version <= L:
+                raise RuntimeError(
+                    f"step {s}: a rollout was generated with policy/draft versions "
+                    f"{r.policy_version}/{r.draft_version}; expected policy in "
+                    f"[{s - L}, {s}] and the draft of the same version"
+                )
+            lag[s - r.policy_version] = lag.get(s - r.policy_version, 0) + 1
+        return results, spec, lag
 
     def _requests(self, problems: list[Problem], samples: int, base_seed: int) -> list[Request]:
         r = self.cfg.rollout
@@ -184,22 +239,15 @@ class Trainer:
 
         t0 = time.perf_counter()
         problems = self.problems(s)
-        reqs = self._requests(problems, G, base_seed=(cfg.pipeline.seed * 1_000_003 + s) * 100_000)
-        results = self.engine.generate(reqs)
-        t["gen"] = time.perf_counter() - t0
-        want = (s, s if self.engine_draft is not None else None)
-        got = {(r.policy_version, r.draft_version) for r in results}
-        if got != {want}:
-            raise RuntimeError(f"rollouts were generated with versions {got}, expected {want}")
-        spec = self.engine.stats
+        reqs = self.step_requests(s)
+        results, spec, lag = self._rollouts(s, reqs)
+        t["gen"] = time.perf_counter() - t0  # async: only the exposed part (learner waits)
         shadow_s = None
         every = cfg.pipeline.shadow_every
-        if every and s % every == 0 and self.engine.drafter is not None:
-            if self._shadow is None:  # plain decoding on the very same weights
-                self._shadow = Engine(self.engine_policy, self.engine.config)
-            self._shadow.policy_version = self.engine.policy_version
-            t1 = time.perf_counter()
-            self._shadow.generate(reqs)
+        shadow = every and s % every == 0 and self.engine.drafter is not None
+        if shadow and not cfg.pipeline.max_lag:
+            t1 = time.perf_counter()  # plain decoding of the same requests, same weights
+            self.rollout.generate(reqs, plain=True)
             shadow_s = time.perf_counter() - t1
         self._check_stop()
 
@@ -222,6 +270,7 @@ class Trainer:
         t["logprob"] = t["train"] = 0.0
         if rows:
             batch = self._batch([results[i] for i in rows], adv.view(-1)[rows])
+            fresh = torch.tensor([results[i].policy_version == s for i in rows])
             t0 = time.perf_counter()
             old = self.learner.logprobs(batch)
             ref = (
@@ -229,9 +278,10 @@ class Trainer:
                 if self.learner.reference
                 else None
             )
-            mask = batch.response_mask
-            metrics["logprob_mismatch_max"] = float(
-                ((old - batch.behaviour_logp).abs() * mask).max()
+            # engine vs learner log-probs of the same weights (async: lag-0 samples only)
+            mask = batch.response_mask & fresh.unsqueeze(1)
+            metrics["logprob_mismatch_max"] = (
+                float(((old - batch.behaviour_logp).abs() * mask).max()) if fresh.any() else None
             )
             t["logprob"] = time.perf_counter() - t0
             self._check_stop()
@@ -241,7 +291,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         self.step = s + 1
-        self.sync.publish(self.step, self.policy, self.draft)
+        self.rollout.publish(self.step, self.policy, self.draft)
         t["prepare"] = time.perf_counter() - t0
 
         n_tok = int(lengths_resp.sum())
@@ -251,7 +301,12 @@ class Trainer:
             time={k: round(v, 3) for k, v in t.items()},
             step_s=round(total, 3),
             gen_tokens=n_tok,
-            gen_tok_s=round(n_tok / max(t["gen"], 1e-9), 2),
+            gen_tok_s=round(n_tok / max(spec.total_s, 1e-9), 2),
+            gen_busy_s=round(spec.total_s, 3),  # generation wall time (slowest worker)
+            exposed_gen_s=round(t["gen"], 3),  # what the learner waited for
+            lag={str(k): v for k, v in sorted(lag.items())},
+            dropped_samples=self.dropped,
+            worker_restarts=self.rollout.restarts,
             reward=round(float(rewards.mean()), 4),
             accuracy=round(float((rewards > 0).float().mean()), 4),
             response_len_mean=round(float(lengths_resp.float().mean()), 2),
@@ -292,7 +347,7 @@ class Trainer:
         probs = self.validation()
         if not probs:
             return float("nan")
-        results = self.engine.generate(self._requests(probs, 1, base_seed=7_777_777))
+        results, _ = self.rollout.generate(self._requests(probs, 1, base_seed=7_777_777))
         return round(float(self._rewards(probs, results, 1).mean()), 4)
 
     # ------------------------------------------------------------------ state
@@ -313,7 +368,7 @@ class Trainer:
         mine, theirs = self.cfg.to_dict(), state["config"]
         for sec in mine:
             for key in mine[sec]:
-                if (sec, key) in (
+                if sec == "ray" or (sec, key) in (  # placement does not change results
                     ("pipeline", "steps"),
                     ("log", "progress"),
                     ("log", "tensorboard"),
@@ -333,7 +388,12 @@ class Trainer:
         if self.learner.draft_opt is not None:
             self.learner.draft_opt.load_state_dict(state["draft_opt"])
         self.step = state["step"]
-        self.sync.publish(self.step, self.policy, self.draft)
+        self.rollout.publish(self.step, self.policy, self.draft)
+
+    def close(self) -> None:
+        """Stop the rollout workers (Ray); in-flight async rollouts are discarded."""
+        self._inflight.clear()
+        self.rollout.close()
 
     def save_checkpoint(self) -> Path:
         return checkpoint.save(

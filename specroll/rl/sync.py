@@ -28,9 +28,10 @@ class WeightSync:
         raise NotImplementedError
 
 
-def _copy_into(dst: nn.Module, src: nn.Module, what: str) -> None:
-    """Copy src's state into dst in place; refuse any shape/name mismatch loudly."""
-    s, d = src.state_dict(), dst.state_dict()
+def _copy_into(dst: nn.Module, src: nn.Module | dict, what: str) -> None:
+    """Copy src's state (a module or a state dict) into dst in place; refuse any
+    shape/name mismatch loudly."""
+    s, d = (src if isinstance(src, dict) else src.state_dict()), dst.state_dict()
     if s.keys() != d.keys():
         raise ValueError(
             f"{what} weights do not match the engine's: names differ "
@@ -47,6 +48,13 @@ def _copy_into(dst: nn.Module, src: nn.Module, what: str) -> None:
             d[name].copy_(t)
 
 
+def state(module: nn.Module | None) -> dict | None:
+    """A module's tensors, detached, for shipping to another process (Ray object store)."""
+    if module is None:
+        return None
+    return {k: v.detach() for k, v in module.state_dict().items()}
+
+
 class LocalSync(WeightSync):
     """In-process sync into an engine's own model (and its drafter's network)."""
 
@@ -54,7 +62,9 @@ class LocalSync(WeightSync):
         self.engine = engine
         self.engine_draft = engine_draft
 
-    def publish(self, version: int, policy: nn.Module, draft: nn.Module | None) -> None:
+    def publish(
+        self, version: int, policy: nn.Module | dict, draft: nn.Module | dict | None
+    ) -> None:
         _copy_into(self.engine.model, policy, "policy")
         self.engine.policy_version = version
         if draft is not None and self.engine_draft is not None:

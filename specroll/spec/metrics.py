@@ -92,6 +92,29 @@ class SpecStats:
     def other_s(self) -> float:
         return max(self.total_s - self.draft_s - self.target_s, 0.0)
 
+    @staticmethod
+    def merged(parts: list[SpecStats]) -> SpecStats:
+        """Counters of several engines that ran side by side (e.g. Ray rollout workers):
+        counts and busy times add up; the wall time is the slowest engine's."""
+        out = SpecStats()
+        for p in parts:
+            for name in ("drafts", "draft_tokens", "accepted_tokens", "target_forwards"):
+                setattr(out, name, getattr(out, name) + getattr(p, name))
+            out.row_forwards += p.row_forwards
+            out.emitted_tokens += p.emitted_tokens
+            out.draft_s += p.draft_s
+            out.target_s += p.target_s
+            out.total_s = max(out.total_s, p.total_s)
+            for mine, theirs in (
+                (out.accepted_per_pos, p.accepted_per_pos),
+                (out.drafted_per_pos, p.drafted_per_pos),
+                (out.depth_hist, p.depth_hist),
+            ):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, v in enumerate(theirs):
+                    mine[i] += v
+        return out
+
     def summary(self) -> dict:
         return {
             "drafts": self.drafts,

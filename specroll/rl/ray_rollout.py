@@ -1,0 +1,192 @@
+"""Rollouts on Ray: worker actors each owning an engine replica (policy + draft).
+
+* **Placement.** `ray.init()` starts a local Ray unless `ray.address` names a cluster;
+  each worker reserves `cpus_per_worker` CPUs (its torch threads) and `gpus_per_worker`
+  GPUs. A step's requests are dealt round-robin to the workers; the results come back in
+  request order. Every request carries its own seed and the engine's RNG is
+  counter-based, so a request's tokens do not depend on the worker or the batch it ran
+  in: the Ray placement reproduces the in-process run exactly.
+* **Weights.** `publish` puts the policy and draft tensors into the object store once
+  per version; every submission names the version it must run with, and a worker whose
+  weights are older fetches that version (shared memory on a node) before generating.
+  So a submission for a future step (asynchronous RL) and a re-queued one after a
+  restart both run with the weights they were submitted under. A worker refuses a draft
+  whose tensor names or shapes differ from its own, with the offending name.
+* **Faults.** If a worker dies, `result()` starts a fresh one in its slot, loads the
+  submission's weights and re-runs that worker's share of the requests: nothing is lost
+  and nothing is duplicated (results are placed by request index). After
+  `ray.max_restarts` restarts for one submission the step fails loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from specroll.engine.engine import Engine, EngineConfig
+from specroll.engine.request import Request, Result
+from specroll.model.config import ModelConfig
+from specroll.rl.config import RayConfig
+from specroll.rl.rollout import Pending, Rollout
+from specroll.rl.sync import LocalSync, state
+from specroll.spec.metrics import SpecStats
+
+
+class RolloutWorker:
+    """One engine replica in its own process (run as a Ray actor)."""
+
+    def __init__(
+        self, model_cfg: ModelConfig, draft_cfg, engine_cfg: EngineConfig, depth, threads: float
+    ):
+        from specroll.drafters.eagle3 import Eagle3Drafter, Eagle3Head
+        from specroll.model.transformer import Transformer
+
+        torch.set_num_threads(max(1, int(threads)))
+        self.model = Transformer(model_cfg).eval()
+        self.draft = None
+        drafter = None
+        if draft_cfg is not None:
+            self.draft = Eagle3Head(draft_cfg, self.model).eval()
+            drafter = Eagle3Drafter(self.draft)
+        self.engine = Engine(self.model, engine_cfg, drafter, depth if drafter else None)
+        self.plain = Engine(self.model, engine_cfg)
+        self.sync = LocalSync(self.engine, self.draft)
+        self.version: int | None = None
+
+    def generate(
+        self, requests: list[Request], plain: bool, version: int, weights: list
+    ) -> tuple[list[Result], SpecStats]:
+        """Generate with weights `version` (fetched from `weights` = [policy_ref, draft_ref]
+        — a list, so Ray hands the references over unresolved — if not held already)."""
+        import ray
+
+        if self.version != version:
+            policy, draft = ray.get(weights)
+            with torch.no_grad():
+                self.sync.publish(version, policy, draft)
+            self.version = version
+        eng = self.plain if plain else self.engine
+        eng.policy_version = version
+        return eng.generate(requests), eng.stats
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayRollout(Rollout):
+    """`ray.workers` rollout workers behind the `Rollout` interface."""
+
+    def __init__(
+        self,
+        rc: RayConfig,
+        model_cfg: ModelConfig,
+        draft_cfg,
+        engine_cfg: EngineConfig,
+        depth,
+    ) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(
+                address=rc.address or None,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        self.rc = rc
+        self._actor = ray.remote(
+            num_cpus=rc.cpus_per_worker, num_gpus=rc.gpus_per_worker, max_restarts=0
+        )(RolloutWorker)
+        self._args = (model_cfg, draft_cfg, engine_cfg, depth, rc.cpus_per_worker)
+        self.workers = [self._spawn() for _ in range(rc.workers)]
+        self.version = -1
+        self.weights: list = []
+        self.restarts = 0
+
+    def _spawn(self):
+        return self._actor.remote(*self._args)
+
+    def publish(self, version: int, policy: nn.Module, draft: nn.Module | None) -> None:
+        """Put the weights in the object store once; workers fetch them when needed."""
+        import ray
+
+        self.version = version
+        self.weights = [ray.put(state(policy)), ray.put(state(draft))]
+
+    def submit(self, requests: Sequence[Request], plain: bool = False) -> Pending:
+        if self.version < 0:
+            raise RuntimeError("publish the initial weights before submitting rollouts")
+        # a request without an id is named by its position in *this* list, not the share
+        requests = [
+            r if r.request_id is not None else dataclasses.replace(r, request_id=i)
+            for i, r in enumerate(requests)
+        ]
+        n = len(self.workers)
+        shares = [list(range(w, len(requests), n)) for w in range(n)]
+        return RayPending(self, list(requests), shares, plain, self.version, self.weights)
+
+    def run(self, slot: int, requests: list[Request], plain: bool, version: int, weights):
+        return self.workers[slot].generate.remote(requests, plain, version, weights)
+
+    def restart(self, slot: int, dead) -> None:
+        """Replace the worker in `slot` if it is still the one that died."""
+        import ray
+
+        if self.workers[slot] is dead:
+            ray.kill(dead, no_restart=True)
+            self.workers[slot] = self._spawn()
+            self.restarts += 1
+
+    def close(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        self.workers = []
+
+
+class RayPending(Pending):
+    """One submission: each worker's share in flight; re-run on a fresh worker on death."""
+
+    def __init__(self, owner: RayRollout, requests, shares, plain, version, weights) -> None:
+        self.owner, self.requests, self.shares = owner, requests, shares
+        self.plain, self.version, self.weights = plain, version, weights
+        self.handles = [owner.workers[s] for s in range(len(shares))]
+        self.futures = [
+            owner.run(s, [requests[i] for i in share], plain, version, weights)
+            for s, share in enumerate(shares)
+        ]
+
+    def result(self) -> tuple[list[Result], SpecStats]:
+        import ray
+        from ray.exceptions import RayActorError
+
+        results: list[Result | None] = [None] * len(self.requests)
+        stats = []
+        for s, share in enumerate(self.shares):
+            tries = 0
+            while True:
+                try:
+                    out, st = ray.get(self.futures[s])
+                    break
+                except RayActorError as e:
+                    tries += 1
+                    if tries > self.owner.rc.max_restarts:
+                        raise RuntimeError(
+                            f"rollout worker {s} died {tries} times on one submission "
+                            f"(ray.max_restarts={self.owner.rc.max_restarts}): {e}"
+                        ) from e
+                    self.owner.restart(s, self.handles[s])
+                    self.handles[s] = self.owner.workers[s]
+                    reqs = [self.requests[i] for i in share]
+                    self.futures[s] = self.owner.run(
+                        s, reqs, self.plain, self.version, self.weights
+                    )
+            for i, r in zip(share, out, strict=True):
+                results[i] = r
+            stats.append(st)
+        return results, SpecStats.merged(stats)  # type: ignore[return-value]
