@@ -49,6 +49,11 @@ def add_parser(sub) -> None:
     )
     s = p.add_argument_group("speculation and pipeline")
     s.add_argument("--k", type=int, help="draft depth (the deepest, with --adaptive)")
+    s.add_argument(
+        "--draft-params",
+        type=float,
+        help="drafter size in parameters (default: one EAGLE-3/MTP layer; a draft model: its size)",
+    )
     s.add_argument("--acceptance-length", type=float, help="AL at k (constant alpha)")
     s.add_argument("--alphas", help="per-position conditional acceptance, comma separated")
     s.add_argument("--adaptive", action="store_true", help="choose k per iteration")
@@ -90,6 +95,10 @@ def build(args: argparse.Namespace) -> RLSim:
         sim.workload = replace(sim.workload, lengths=_lengths(args.lengths_from))
     if args.lag is not None:
         sim.pipeline = Pipeline(lag=args.lag)
+    if args.draft_params is not None:
+        if args.draft_params <= 0:
+            raise ValueError(f"--draft-params must be > 0, got {args.draft_params}")
+        sim.draft_size = args.draft_params
     k = args.k if args.k is not None else sim.spec.k
     if args.alphas:
         alphas = [float(a) for a in args.alphas.split(",")]

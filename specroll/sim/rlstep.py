@@ -113,6 +113,8 @@ class RLSim:
     pipeline: Pipeline = field(default_factory=Pipeline)
     weight_bytes: float = 2
     """Bytes per generation weight (1 = FP8 rollouts; the learner stays bf16)."""
+    draft_size: float = 0.0
+    """Drafter parameters (0 = one EAGLE-3 / MTP layer of the model; else a draft model)."""
     step: object | None = None
     """Step-time model override (a measured `CostModel`); default: `AnalyticStep`."""
 
@@ -121,7 +123,12 @@ class RLSim:
             return self.step
         c = self.cluster
         return AnalyticStep(
-            self.model, self.hw, tp=c.gen_tp, ep=c.gen_ep, weight_bytes=self.weight_bytes
+            self.model,
+            self.hw,
+            tp=c.gen_tp,
+            ep=c.gen_ep,
+            weight_bytes=self.weight_bytes,
+            draft_size=self.draft_size,
         )
 
     def concurrency(self) -> int:

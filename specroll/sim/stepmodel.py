@@ -79,8 +79,14 @@ class AnalyticStep:
             t_comm += 2 * m.layers * (per_a2a + 10e-6)
         return hw.step_overhead + max(t_mem, t_flop) + t_comm
 
+    draft_size: float = 0.0
+    """Drafter parameters per draft token's forward; 0 = one EAGLE-3 / MTP layer of this
+    model (below). A separate draft model: its parameter count."""
+
     @property
-    def draft_params(self) -> int:
+    def draft_params(self) -> float:
+        if self.draft_size:
+            return self.draft_size
         h, m = self.model.hidden, self.model
         attn = 2 * h * (m.q_heads + 2 * m.kv_heads) * m.head_dim + m.q_heads * m.head_dim * h
         return 3 * h * h + attn + 3 * h * (m.ffn if not m.experts else 4 * h) + self.draft_vocab * h
