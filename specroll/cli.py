@@ -603,7 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except ValueError as e:
-        console.print(f"[red]error:[/] {e}")
+        from rich.text import Text
+
+        # soft_wrap: a long path stays one piece; Text: brackets in it are not markup
+        console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")

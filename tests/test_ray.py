@@ -145,3 +145,8 @@ def test_checkpoint_resume_on_ray(local_ray, tiny, tmp_path):
     lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     for a, b in zip([json.loads(x) for x in lines], rows, strict=True):
         _same(a, b)
+
+
+def test_resources_that_cannot_fit_fail_fast(local_ray, tiny, tmp_path):
+    with pytest.raises(ValueError, match="ray.workers"):
+        _trainer(tiny, tmp_path, "ray.enabled=true", "ray.workers=3")

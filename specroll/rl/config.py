@@ -252,6 +252,10 @@ class RayConfig:
     """GPUs each worker reserves (0 on CPU machines)."""
     max_restarts: int = 3
     """Times a step may restart dead workers (re-queueing their prompts) before failing."""
+    learner_cpus: float = 0.0
+    """CPUs the learner actor reserves (0 = none: it shares the node, as a driver would)."""
+    learner_gpus: float = 0.0
+    """GPUs the learner actor reserves."""
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, f"ray.workers must be >= 1, got {self.workers}")
@@ -263,6 +267,11 @@ class RayConfig:
             f"ray.gpus_per_worker must be >= 0, got {self.gpus_per_worker}",
         )
         _check(self.max_restarts >= 0, f"ray.max_restarts must be >= 0, got {self.max_restarts}")
+        _check(
+            self.learner_cpus >= 0 and self.learner_gpus >= 0,
+            f"ray.learner_cpus / learner_gpus must be >= 0, got {self.learner_cpus} / "
+            f"{self.learner_gpus}",
+        )
 
 
 @dataclass

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.eagle3 import Eagle3Drafter, Eagle3Head, load_eagle3, save_eagle3
-from specroll.drafters.train import DraftNet, new_eagle3
+from specroll.drafters.eagle3 import Eagle3Drafter, Eagle3Head, load_eagle3
+from specroll.drafters.train import new_eagle3
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
@@ -35,7 +35,7 @@ from specroll.model.transformer import Transformer
 from specroll.rl import checkpoint
 from specroll.rl import loss as L
 from specroll.rl.config import TrainConfig
-from specroll.rl.learner import Batch, Learner
+from specroll.rl.learner import Batch
 from specroll.rl.rollout import LocalRollout, Pending
 from specroll.rl.tasks.arithmetic import Problem
 from specroll.rl.tasks.reward import math_reward
@@ -84,7 +84,7 @@ class Trainer:
         self.cfg, self.tok, self.log = cfg, tok, log
         self.out = Path(cfg.pipeline.out_dir)
         torch.manual_seed(cfg.pipeline.seed)
-        self.policy = policy
+        self.policy = policy  # with the Ray learner: the initial weights (the actor trains)
         self.draft = draft
         # the engine owns separate copies: the learner's weights carry autograd state
         self.engine_policy = copy.deepcopy(policy).eval()
@@ -105,7 +105,9 @@ class Trainer:
                 import ray  # noqa: F401
             except ImportError as e:
                 raise ValueError("ray.enabled=true needs Ray: pip install 'specroll[ray]'") from e
-            from specroll.rl.ray_rollout import RayRollout
+            from specroll.rl.ray_rollout import RayRollout, connect
+
+            connect(cfg.ray)  # before any actor: fails fast if resources cannot fit
 
             dcfg = self.engine_draft.cfg if drafter is not None else None
             self.rollout = RayRollout(cfg.ray, self.engine_policy.cfg, dcfg, ecfg, depth)
@@ -113,23 +115,15 @@ class Trainer:
         else:
             self.rollout = LocalRollout(self.engine, self.engine_draft)
         self._inflight: dict[int, Pending] = {}
-        reference = None
-        if cfg.loss.kl_coef > 0:
-            reference = copy.deepcopy(policy).eval().requires_grad_(False)
-        net = None
-        if draft is not None:
-            vocab = torch.arange(draft.cfg.draft_vocab_size) + draft.d2t
-            net = DraftNet("eagle3", policy, draft, vocab)
-        self.learner = Learner(
-            policy,
-            cfg.policy,
-            cfg.loss,
-            cfg.rollout.temperature,
-            net,
-            cfg.draft,
-            reference,
-            decoupled=cfg.pipeline.max_lag > 0,
-        )
+        if cfg.ray.enabled:  # the learner in its own actor, weights published from there
+            from specroll.rl.learner_host import RayLearnerHost
+
+            self.host = RayLearnerHost(cfg, policy, draft)
+        else:
+            from specroll.rl.learner_host import LocalLearnerHost
+
+            self.host = LocalLearnerHost(cfg, policy, draft)
+            self.learner = self.host.learner
         self.step = 0
         self.dropped = 0
         """Samples dropped for being more than pipeline.max_lag versions old."""
@@ -272,12 +266,7 @@ class Trainer:
             batch = self._batch([results[i] for i in rows], adv.view(-1)[rows])
             fresh = torch.tensor([results[i].policy_version == s for i in rows])
             t0 = time.perf_counter()
-            old = self.learner.logprobs(batch)
-            ref = (
-                self.learner.logprobs(batch, self.learner.reference)
-                if self.learner.reference
-                else None
-            )
+            old, ref = self.host.logprobs(batch)
             # engine vs learner log-probs of the same weights (async: lag-0 samples only)
             mask = batch.response_mask & fresh.unsqueeze(1)
             metrics["logprob_mismatch_max"] = (
@@ -286,12 +275,12 @@ class Trainer:
             t["logprob"] = time.perf_counter() - t0
             self._check_stop()
             t0 = time.perf_counter()
-            metrics.update(self.learner.train(batch, old, ref))
+            metrics.update(self.host.train(batch, old, ref))
             t["train"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         self.step = s + 1
-        self.rollout.publish(self.step, self.policy, self.draft)
+        self.rollout.publish(self.step, *self.host.weights())
         t["prepare"] = time.perf_counter() - t0
 
         n_tok = int(lengths_resp.sum())
@@ -353,16 +342,7 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def state(self) -> dict:
-        out = {
-            "config": self.cfg.to_dict(),
-            "policy": self.policy.state_dict(),
-            "policy_opt": self.learner.opt.state_dict(),
-        }
-        if self.draft is not None:
-            out["draft"] = self.draft.state_dict()
-        if self.learner.draft_opt is not None:
-            out["draft_opt"] = self.learner.draft_opt.state_dict()
-        return out
+        return {"config": self.cfg.to_dict(), **self.host.state()}
 
     def restore(self, state: dict) -> None:
         mine, theirs = self.cfg.to_dict(), state["config"]
@@ -380,20 +360,16 @@ class Trainer:
                         f"checkpoint was written with {sec}.{key}={old!r}, this run has "
                         f"{mine[sec][key]!r}; resume with the same settings"
                     )
-        with torch.no_grad():
-            self.policy.load_state_dict(state["policy"])
-            if self.draft is not None:
-                self.draft.load_state_dict(state["draft"])
-        self.learner.opt.load_state_dict(state["policy_opt"])
-        if self.learner.draft_opt is not None:
-            self.learner.draft_opt.load_state_dict(state["draft_opt"])
+        self.host.restore(state)
         self.step = state["step"]
-        self.rollout.publish(self.step, self.policy, self.draft)
+        self.rollout.publish(self.step, *self.host.weights())
 
     def close(self) -> None:
-        """Stop the rollout workers (Ray); in-flight async rollouts are discarded."""
+        """Stop the rollout workers and the learner actor (Ray); in-flight async rollouts
+        are discarded."""
         self._inflight.clear()
         self.rollout.close()
+        self.host.close()
 
     def save_checkpoint(self) -> Path:
         return checkpoint.save(
@@ -477,12 +453,8 @@ class Trainer:
 
     def _export(self) -> None:
         """The trained policy (HF dir, with tokenizer) and draft (vLLM EAGLE-3 layout)."""
-        from specroll.model.weights import save_model
-
-        save_model(self.policy, self.out / "policy")
+        self.host.export(self.out.resolve())
         self.tok.hf.save_pretrained(str(self.out / "policy"))
-        if self.draft is not None:
-            save_eagle3(self.draft, self.out / "draft")
 
 
 def _norm(v):

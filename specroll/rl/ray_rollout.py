@@ -25,7 +25,6 @@ import os
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, Result
@@ -34,6 +33,30 @@ from specroll.rl.config import RayConfig
 from specroll.rl.rollout import Pending, Rollout
 from specroll.rl.sync import LocalSync, state
 from specroll.spec.metrics import SpecStats
+
+
+def connect(rc: RayConfig) -> None:
+    """Start or join Ray, and check the cluster can hold the workers and the learner:
+    Ray would otherwise wait forever for resources that never come."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address=rc.address or None,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    have = ray.cluster_resources()
+    for res, need, names in (
+        ("CPU", rc.workers * rc.cpus_per_worker + rc.learner_cpus, "cpus_per_worker, learner_cpus"),
+        ("GPU", rc.workers * rc.gpus_per_worker + rc.learner_gpus, "gpus_per_worker, learner_gpus"),
+    ):
+        if need > have.get(res, 0.0) + 1e-9:
+            raise ValueError(
+                f"ray: {rc.workers} workers and the learner need {need:g} {res}s, the cluster "
+                f"has {have.get(res, 0.0):g}; lower ray.workers or ray.{{{names}}}"
+            )
 
 
 class RolloutWorker:
@@ -90,13 +113,7 @@ class RayRollout(Rollout):
     ) -> None:
         import ray
 
-        if not ray.is_initialized():
-            ray.init(
-                address=rc.address or None,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+        connect(rc)
         self.rc = rc
         self._actor = ray.remote(
             num_cpus=rc.cpus_per_worker, num_gpus=rc.gpus_per_worker, max_restarts=0
@@ -110,12 +127,15 @@ class RayRollout(Rollout):
     def _spawn(self):
         return self._actor.remote(*self._args)
 
-    def publish(self, version: int, policy: nn.Module, draft: nn.Module | None) -> None:
-        """Put the weights in the object store once; workers fetch them when needed."""
+    def publish(self, version: int, policy, draft) -> None:
+        """Put the weights in the object store once (or take references a learner actor
+        put there); workers fetch them when a submission needs them."""
         import ray
 
         self.version = version
-        self.weights = [ray.put(state(policy)), ray.put(state(draft))]
+        self.weights = [
+            w if isinstance(w, ray.ObjectRef) else ray.put(state(w)) for w in (policy, draft)
+        ]
 
     def submit(self, requests: Sequence[Request], plain: bool = False) -> Pending:
         if self.version < 0:

@@ -1,0 +1,160 @@
+"""Where the learner runs: in the driver process, or in a Ray actor.
+
+The pipeline asks the same five things of either (one loop, two placements): the
+log-probs of a batch (policy and reference), an update, the weights to publish, the
+training state for a checkpoint (and its restore), and an export of the trained models.
+
+`LocalLearnerHost` keeps the policy and draft objects the caller built. `RayLearnerHost`
+moves them into a `LearnerActor` (CPUs / GPUs from `ray.learner_cpus` / `learner_gpus`)
+and publishes weights straight from the actor into the object store: rollout workers
+read them there, the driver never holds a copy.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from specroll.drafters.eagle3 import Eagle3Head, save_eagle3
+from specroll.drafters.train import DraftNet
+from specroll.model.transformer import Transformer
+from specroll.rl.config import TrainConfig
+from specroll.rl.learner import Batch, Learner
+
+
+def build_learner(cfg: TrainConfig, policy: Transformer, draft: Eagle3Head | None) -> Learner:
+    """The Learner of a run: policy (+ reference copy when KL is on) + online draft."""
+    reference = None
+    if cfg.loss.kl_coef > 0:
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    net = None
+    if draft is not None:
+        vocab = torch.arange(draft.cfg.draft_vocab_size) + draft.d2t
+        net = DraftNet("eagle3", policy, draft, vocab)
+    return Learner(
+        policy,
+        cfg.policy,
+        cfg.loss,
+        cfg.rollout.temperature,
+        net,
+        cfg.draft,
+        reference,
+        decoupled=cfg.pipeline.max_lag > 0,
+    )
+
+
+class LocalLearnerHost:
+    """The learner in this process."""
+
+    def __init__(self, cfg: TrainConfig, policy: Transformer, draft: Eagle3Head | None) -> None:
+        self.policy, self.draft = policy, draft
+        self.learner = build_learner(cfg, policy, draft)
+
+    def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[N, T] log-probs of the batch under the policy and (if any) the reference."""
+        lr = self.learner
+        ref = lr.logprobs(batch, lr.reference) if lr.reference is not None else None
+        return lr.logprobs(batch), ref
+
+    def train(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None) -> dict:
+        return self.learner.train(batch, old, ref)
+
+    def weights(self):
+        """What `Rollout.publish` takes: the policy and draft."""
+        return self.policy, self.draft
+
+    def state(self) -> dict:
+        out = {"policy": self.policy.state_dict(), "policy_opt": self.learner.opt.state_dict()}
+        if self.draft is not None:
+            out["draft"] = self.draft.state_dict()
+        if self.learner.draft_opt is not None:
+            out["draft_opt"] = self.learner.draft_opt.state_dict()
+        return out
+
+    def restore(self, state: dict) -> None:
+        with torch.no_grad():
+            self.policy.load_state_dict(state["policy"])
+            if self.draft is not None:
+                self.draft.load_state_dict(state["draft"])
+        self.learner.opt.load_state_dict(state["policy_opt"])
+        if self.learner.draft_opt is not None:
+            self.learner.draft_opt.load_state_dict(state["draft_opt"])
+
+    def export(self, out: Path) -> None:
+        """The trained policy (HF dir) and draft (vLLM EAGLE-3 layout)."""
+        from specroll.model.weights import save_model
+
+        save_model(self.policy, out / "policy")
+        if self.draft is not None:
+            save_eagle3(self.draft, out / "draft")
+
+    def close(self) -> None:
+        pass
+
+
+class LearnerActor(LocalLearnerHost):
+    """The learner in a Ray actor, built from shipped configs and weights."""
+
+    def __init__(self, cfg: TrainConfig, model_cfg, draft_cfg, policy_sd, draft_sd) -> None:
+        torch.manual_seed(cfg.pipeline.seed)
+        policy = Transformer(model_cfg)
+        policy.load_state_dict(policy_sd)
+        draft = None
+        if draft_cfg is not None:
+            draft = Eagle3Head(draft_cfg, policy)
+            draft.load_state_dict(draft_sd)
+        super().__init__(cfg, policy, draft)
+
+    def weight_refs(self) -> list:
+        """[policy_ref, draft_ref]: the weights put into the object store by this actor."""
+        import ray
+
+        from specroll.rl.sync import state
+
+        return [ray.put(state(self.policy)), ray.put(state(self.draft))]
+
+
+class RayLearnerHost:
+    """Proxy to a `LearnerActor`; the same methods as `LocalLearnerHost`."""
+
+    def __init__(self, cfg: TrainConfig, policy: Transformer, draft: Eagle3Head | None) -> None:
+        import ray
+
+        from specroll.rl.sync import state
+
+        rc = cfg.ray
+        actor = ray.remote(num_cpus=rc.learner_cpus, num_gpus=rc.learner_gpus)(LearnerActor)
+        dcfg = draft.cfg if draft is not None else None
+        self.actor = actor.remote(cfg, policy.cfg, dcfg, state(policy), state(draft))
+        self.draft_cfg = dcfg
+
+    def _get(self, ref):
+        import ray
+
+        return ray.get(ref)
+
+    def logprobs(self, batch: Batch):
+        return self._get(self.actor.logprobs.remote(batch))
+
+    def train(self, batch: Batch, old, ref) -> dict:
+        return self._get(self.actor.train.remote(batch, old, ref))
+
+    def weights(self):
+        """Object-store references (put by the actor), for `RayRollout.publish`."""
+        return tuple(self._get(self.actor.weight_refs.remote()))
+
+    def state(self) -> dict:
+        return self._get(self.actor.state.remote())
+
+    def restore(self, state: dict) -> None:
+        self._get(self.actor.restore.remote(state))
+
+    def export(self, out: Path) -> None:
+        self._get(self.actor.export.remote(out))
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.actor, no_restart=True)
