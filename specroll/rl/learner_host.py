@@ -13,6 +13,7 @@ read them there, the driver never holds a copy.
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import torch
@@ -98,6 +99,9 @@ class LearnerActor(LocalLearnerHost):
     """The learner in a Ray actor, built from shipped configs and weights."""
 
     def __init__(self, cfg: TrainConfig, model_cfg, draft_cfg, policy_sd, draft_sd) -> None:
+        # Ray sets one thread for actors that reserve no CPU; the learner takes its own
+        # reservation, or the node's cores when it reserves none (as a driver would)
+        torch.set_num_threads(int(cfg.ray.learner_cpus) or os.cpu_count() or 1)
         torch.manual_seed(cfg.pipeline.seed)
         policy = Transformer(model_cfg)
         policy.load_state_dict(policy_sd)

@@ -35,6 +35,17 @@ def summarise(rows: list[dict]) -> dict:
     als = [r["acceptance_length"] for r in steps if r.get("acceptance_length")]
     out["acceptance_length_mean"] = round(statistics.mean(als), 4) if als else None
     out["reward_first"], out["reward_last"] = steps[0]["reward"], steps[-1]["reward"]
+    busy = [r["gen_busy_s"] for r in steps if "gen_busy_s" in r]
+    if busy:  # generation's own wall time vs what the learner waited for (async)
+        out["gen_busy_mean_s"] = round(statistics.mean(busy), 3)
+        out["exposed_gen_mean_s"] = round(statistics.mean(r["exposed_gen_s"] for r in steps), 3)
+        lag: dict[str, int] = {}
+        for r in steps:
+            for k, v in r.get("lag", {}).items():
+                lag[k] = lag.get(k, 0) + v
+        out["lag_histogram"] = dict(sorted(lag.items()))
+        out["dropped_samples"] = steps[-1].get("dropped_samples", 0)
+        out["worker_restarts"] = steps[-1].get("worker_restarts", 0)
     sh = [r for r in steps if "gen_speedup" in r]
     if sh:
         s_gen = statistics.median(r["gen_speedup"] for r in sh)
@@ -97,7 +108,13 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
         f"Policy `{cfg.policy.model}`, task `{cfg.data.task}`, {summary['steps']} steps of "
         f"{cfg.data.prompts_per_step} prompts x {cfg.data.group_size} samples, "
         f"speculative={cfg.rollout.speculative} (k = {cfg.rollout.k}, depth "
-        f"{cfg.rollout.depth}).",
+        f"{cfg.rollout.depth}); "
+        + (
+            f"rollouts on {cfg.ray.workers} Ray workers"
+            if cfg.ray.enabled
+            else "rollouts in-process"
+        )
+        + (f", async with max_lag {cfg.pipeline.max_lag}." if cfg.pipeline.max_lag else ", sync."),
         "",
         "| figure | value |",
         "|---|---|",
@@ -110,7 +127,10 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
         "`amdahl_bound` is 1 / (R_gen / S_gen + 1 - R_gen) with R_gen the generation share",
         "of the plain-decoding step: the step speed-up if nothing else changes;",
         "`amdahl_bound_at_al` is the same with the acceptance length as S_gen (free drafts",
-        "and verification).",
+        "and verification). `exposed_gen_mean_s` is what the learner waited for rollouts",
+        "(all of generation when synchronous, only what training did not hide when async);",
+        "`gen_busy_mean_s` is generation's own wall time; `lag_histogram` counts samples by",
+        "how many updates old their policy was.",
         "",
     ]
     lines += [f"![{n}]({n})" for n in figs]
