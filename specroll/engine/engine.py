@@ -347,15 +347,19 @@ class Engine:
             self.stats.observe(num_draft, ver.accepted, int(count.sum()))
             if K > 0:
                 self.depth.observe(num_draft, ver.accepted)
-            self._watch(num_draft, ver.num_accepted)
+            self._watch(num_draft, ver.num_accepted)  # [B] accepted draft tokens per row
         return int(count.sum())
 
     def _watch(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
-        if self._collapse.observe(int(num_draft.sum()), int(accepted.sum())):
+        # first draft positions only: deep positions of a healthy draft are rarely reached
+        # (at k = 7 most draft tokens are rejected), a stale or corrupt one fails at once
+        first = int(((accepted > 0) & (num_draft > 0)).sum())
+        if self._collapse.observe(int((num_draft > 0).sum()), first):
             warnings.warn(
                 f"acceptance collapse: drafter {self.drafter.name!r} (weight version "
-                f"{self.drafter.version}) accepted {self._collapse.accepted} of the last "
-                f"{self._collapse.drafted} draft tokens; is the draft stale or corrupt?",
+                f"{self.drafter.version}) had its first token accepted in "
+                f"{self._collapse.accepted} of the last {self._collapse.drafted} drafts; "
+                "is the draft stale or corrupt?",
                 RuntimeWarning,
                 stacklevel=3,
             )

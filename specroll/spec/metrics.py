@@ -134,7 +134,8 @@ class SpecStats:
 
 
 class CollapseDetector:
-    """Flags a drafter whose acceptance rate over the last `window` draft tokens is tiny.
+    """Flags a drafter whose acceptance over the last `window` observations is tiny (the
+    engine feeds it drafts and first-token acceptances).
 
     A silently stale or corrupted draft is the most common bug class in peer systems; it
     costs speed, not correctness, so it is reported rather than raised.
