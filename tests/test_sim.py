@@ -57,11 +57,12 @@ def test_rollout_simulation_batch_shrinks_and_speculation_helps_the_tail():
     # a memory-bound machine: verifying 4 tokens costs what 1 does, drafting is cheap
     cm = CostModel(fixed=0.01, per_token=1e-4, knee=64, draft_step=5e-4)
     w = Workload(prompts=4, samples=8, mean_len=200, sigma=1.0, max_len=1000)
-    ar = simulate_rollout(cm, w, replicas=1, max_batch=16, spec=Speculation())
-    spec = simulate_rollout(cm, w, replicas=1, max_batch=16, spec=sp)
+    lengths = w.draw()
+    ar = simulate_rollout(cm, lengths, 1, 16, w.prompt_len, Speculation())
+    spec = simulate_rollout(cm, lengths, 1, 16, w.prompt_len, sp)
     assert ar["trace"][0][1] == 16 and ar["trace"][-1][1] < 16  # the batch shrinks
     assert 1.5 < ar["gen_s"] / spec["gen_s"] < 2.5
-    adaptive = simulate_rollout(cm, w, 1, 16, Speculation(3, sp.alphas, adaptive=True))
+    adaptive = simulate_rollout(cm, lengths, 1, 16, w.prompt_len, Speculation(3, sp.alphas, True))
     assert adaptive["gen_s"] <= spec["gen_s"] * 1.001
 
 

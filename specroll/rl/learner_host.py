@@ -132,7 +132,6 @@ class RayLearnerHost:
         actor = ray.remote(num_cpus=rc.learner_cpus, num_gpus=rc.learner_gpus)(LearnerActor)
         dcfg = draft.cfg if draft is not None else None
         self.actor = actor.remote(cfg, policy.cfg, dcfg, state(policy), state(draft))
-        self.draft_cfg = dcfg
 
     def _get(self, ref):
         import ray

@@ -105,9 +105,7 @@ class Trainer:
                 import ray  # noqa: F401
             except ImportError as e:
                 raise ValueError("ray.enabled=true needs Ray: pip install 'specroll[ray]'") from e
-            from specroll.rl.ray_rollout import RayRollout, connect
-
-            connect(cfg.ray)  # before any actor: fails fast if resources cannot fit
+            from specroll.rl.ray_rollout import RayRollout
 
             dcfg = self.engine_draft.cfg if drafter is not None else None
             self.rollout = RayRollout(cfg.ray, self.engine_policy.cfg, dcfg, ecfg, depth)

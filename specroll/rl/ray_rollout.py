@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 
 import torch
@@ -30,8 +29,8 @@ from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, Result
 from specroll.model.config import ModelConfig
 from specroll.rl.config import RayConfig
-from specroll.rl.rollout import Pending, Rollout
-from specroll.rl.sync import LocalSync, state
+from specroll.rl.rollout import LocalRollout, Pending, Rollout
+from specroll.rl.sync import state
 from specroll.spec.metrics import SpecStats
 
 
@@ -69,15 +68,13 @@ class RolloutWorker:
         from specroll.model.transformer import Transformer
 
         torch.set_num_threads(max(1, int(threads)))
-        self.model = Transformer(model_cfg).eval()
-        self.draft = None
-        drafter = None
+        model = Transformer(model_cfg).eval()
+        draft, drafter = None, None
         if draft_cfg is not None:
-            self.draft = Eagle3Head(draft_cfg, self.model).eval()
-            drafter = Eagle3Drafter(self.draft)
-        self.engine = Engine(self.model, engine_cfg, drafter, depth if drafter else None)
-        self.plain = Engine(self.model, engine_cfg)
-        self.sync = LocalSync(self.engine, self.draft)
+            draft = Eagle3Head(draft_cfg, model).eval()
+            drafter = Eagle3Drafter(draft)
+        engine = Engine(model, engine_cfg, drafter, depth if drafter else None)
+        self.local = LocalRollout(engine, draft)  # the in-process backend, in this actor
         self.version: int | None = None
 
     def generate(
@@ -90,14 +87,9 @@ class RolloutWorker:
         if self.version != version:
             policy, draft = ray.get(weights)
             with torch.no_grad():
-                self.sync.publish(version, policy, draft)
+                self.local.publish(version, policy, draft)
             self.version = version
-        eng = self.plain if plain else self.engine
-        eng.policy_version = version
-        return eng.generate(requests), eng.stats
-
-    def pid(self) -> int:
-        return os.getpid()
+        return self.local.generate(requests, plain)
 
 
 class RayRollout(Rollout):

@@ -3,10 +3,11 @@
 After every update the learner publishes its policy and draft weights with `version` =
 the learner step. A backend receives them; the engine stamps every result with the
 versions it generated with, and the pipeline asserts those are the ones it expects (in
-synchronous mode, the latest). `WeightSync` is the interface a multi-process (Ray) or
-vLLM backend implements; `LocalSync` is the single-process one: the engine owns its own
-copy of the weights (the learner's are being differentiated; the engine's are prepacked
-for inference), and publishing copies tensors in place.
+synchronous mode, the latest). Backends publish through `Rollout.publish`
+(`rl/rollout.py`); `LocalSync` is what an engine in the same process (the driver's, or
+a Ray worker's) uses: the engine owns its own copy of the weights (the learner's are
+being differentiated; the engine's are prepacked for inference), and publishing copies
+tensors in place.
 """
 
 from __future__ import annotations
@@ -15,17 +16,6 @@ import torch
 from torch import nn
 
 from specroll.engine.engine import Engine
-
-
-class WeightSync:
-    """Deliver versioned policy (and draft) weights to the rollout side."""
-
-    def publish(self, version: int, policy: nn.Module, draft: nn.Module | None) -> None:
-        raise NotImplementedError
-
-    def versions(self) -> tuple[int, int | None]:
-        """(policy, draft) versions the rollout side holds now."""
-        raise NotImplementedError
 
 
 def _copy_into(dst: nn.Module, src: nn.Module | dict, what: str) -> None:
@@ -55,7 +45,7 @@ def state(module: nn.Module | None) -> dict | None:
     return {k: v.detach() for k, v in module.state_dict().items()}
 
 
-class LocalSync(WeightSync):
+class LocalSync:
     """In-process sync into an engine's own model (and its drafter's network)."""
 
     def __init__(self, engine: Engine, engine_draft: nn.Module | None = None) -> None:
@@ -70,7 +60,3 @@ class LocalSync(WeightSync):
         if draft is not None and self.engine_draft is not None:
             _copy_into(self.engine_draft, draft, "draft")
             self.engine.drafter.version = version
-
-    def versions(self) -> tuple[int, int | None]:
-        d = self.engine.drafter
-        return self.engine.policy_version, None if d is None else d.version

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specroll.sim.catalogue import HardwareSpec, ModelSpec
-from specroll.sim.rollout import Speculation, Workload, simulate_replica
+from specroll.sim.rollout import Speculation, Workload, simulate_rollout
 from specroll.sim.stepmodel import BYTES, AnalyticStep
 
 
@@ -151,36 +151,27 @@ class RLSim:
 
     def generation(self, spec: Speculation, lengths: torch.Tensor) -> dict:
         """Generation seconds per step (slowest replica), its trace and depth histogram."""
-        c, w = self.cluster, self.workload
-        step, batch = self.step_model(), self.concurrency()
-        steps = self.pipeline.lag + 1 if self.pipeline.lag else 1
+        w = self.workload
+        steps = self.pipeline.lag + 1
         if steps > 1:  # async: L+1 steps' requests back to back, no drain in between
             extra = [
                 Workload(**{**asdict(w), "seed": w.seed + s + 1, "lengths": None}).draw()
                 for s in range(steps - 1)
             ]
             lengths = torch.cat([lengths, *extra])
-        per = [lengths[r :: c.replicas] for r in range(min(c.replicas, len(lengths)))]
-        # replicas see statistically alike shares: simulate the first and the one
-        # holding the longest sample (the tail sets a synchronous step's time)
-        pick = {0, max(range(len(per)), key=lambda r: float(per[r].max()))}
-        runs = [simulate_replica(step, per[r], batch, w.prompt_len, spec) for r in sorted(pick)]
-        slowest = max(runs, key=lambda r: r["time"])
-        return {
-            "gen_s": slowest["time"] / steps,
-            "iterations": slowest["iterations"],
-            "depth_hist": slowest["depth_hist"],
-            "trace": slowest["trace"],
-            "concurrency": batch,
-        }
+        batch = self.concurrency()
+        out = simulate_rollout(
+            self.step_model(), lengths, self.cluster.replicas, batch, w.prompt_len, spec
+        )
+        return {**out, "gen_s": out["gen_s"] / steps, "concurrency": batch}
 
     def learner_stages(self, tokens: float) -> dict:
         """Log-prob, train and prepare seconds for `tokens` prompt + response tokens."""
         m, hw, lc = self.model, self.hw, self.learner
         flops = self.cluster.train_gpus * hw.flops
-        attn = 0.0  # attention FLOPs are small next to the weights at these contexts
-        logprob = (2 * m.params_active * tokens + attn) / (flops * lc.logprob_mfu)
-        train = (6 * m.params_active * tokens + 3 * attn) / (flops * lc.train_mfu)
+        # weights only: attention FLOPs are small next to them at these contexts
+        logprob = 2 * m.params_active * tokens / (flops * lc.logprob_mfu)
+        train = 6 * m.params_active * tokens / (flops * lc.train_mfu)
         sync_bytes = BYTES * m.params_total * (1.05 if lc.draft_online else 1.0)
         prepare = lc.prepare_fixed_s + sync_bytes / self.cluster.generation_gpus / hw.link_bw
         return {"logprob": logprob, "train": train, "prepare": prepare}
@@ -230,20 +221,3 @@ class RLSim:
             "mean_len": float(lengths.mean()),
             "samples": len(lengths),
         }
-
-
-def best_k(sim: RLSim, alphas: list[float], ks: tuple[int, ...] = (1, 2, 3, 5, 7)) -> dict:
-    """Generation time per fixed k and adaptive (same workload), and which is fastest."""
-    lengths = sim.workload.draw()
-    rows = {0: sim.generation(Speculation(), lengths)["gen_s"]}
-    for k in ks:
-        rows[k] = sim.generation(Speculation(k, alphas[:k]), lengths)["gen_s"]
-    kmax = max(ks)
-    adaptive = sim.generation(Speculation(kmax, alphas[:kmax], adaptive=True), lengths)
-    best = min(rows, key=rows.__getitem__)
-    return {
-        "gen_s": {str(k): v for k, v in rows.items()},
-        "adaptive_gen_s": adaptive["gen_s"],
-        "adaptive_depth_hist": adaptive["depth_hist"],
-        "best_fixed_k": best,
-    }

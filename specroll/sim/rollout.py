@@ -167,22 +167,18 @@ def simulate_replica(
 
 
 def simulate_rollout(
-    step, workload: Workload, replicas: int, max_batch: int, spec: Speculation
+    step,
+    lengths: torch.Tensor,
+    replicas: int,
+    max_batch: int,
+    prompt_len: float,
+    spec: Speculation,
 ) -> dict:
-    """Sync rollout over `replicas` generation replicas: the step waits for the slowest."""
-    lengths = workload.draw()
-    per = [lengths[r::replicas] for r in range(replicas)]
-    results = [simulate_replica(step, x, max_batch, workload.prompt_len, spec) for x in per[:1]]
-    # replicas see statistically identical shares; simulate the first and the longest-tail one
-    worst = max(range(replicas), key=lambda r: float(per[r].max()) if len(per[r]) else 0.0)
-    if worst != 0:
-        results.append(simulate_replica(step, per[worst], max_batch, workload.prompt_len, spec))
-    slowest = max(results, key=lambda r: r["time"])
-    return {
-        "gen_s": slowest["time"],
-        "iterations": slowest["iterations"],
-        "depth_hist": slowest["depth_hist"],
-        "trace": slowest["trace"],
-        "tokens": float(lengths.sum()),
-        "mean_len": float(lengths.mean()),
-    }
+    """Sync rollout of `lengths` dealt over `replicas` replicas: the step waits for the
+    slowest. Replicas see statistically alike shares, so only the first and the one
+    holding the longest sample (the tail) are simulated."""
+    per = [lengths[r::replicas] for r in range(min(replicas, len(lengths)))]
+    pick = {0, max(range(len(per)), key=lambda r: float(per[r].max()))}
+    runs = [simulate_replica(step, per[r], max_batch, prompt_len, spec) for r in sorted(pick)]
+    slowest = max(runs, key=lambda r: r["time"])
+    return {"gen_s": slowest.pop("time"), **slowest}
