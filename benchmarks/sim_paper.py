@@ -104,6 +104,7 @@ def main() -> None:
     rows = []
     for kind, L in (("zero", lens["zero"]), ("think", lens["think"])):
         paper = PAPER[f"paper-8b-rl-{kind}"]
+        al = paper["acceptance_lengths"]
         for k in (3, 5, 7):
             res = paper_8b(kind, k=k, mean_len=L, **hw, **learner).run()
             rows.append(
@@ -121,6 +122,9 @@ def main() -> None:
                     "stages_ar": {s: round(v, 1) for s, v in res["stages_ar"].items()},
                     "stages_spec": {s: round(v, 1) for s, v in res["stages_spec"].items()},
                     "amdahl_bound": round(res["amdahl_bound"], 3),
+                    # cost of one speculative step in AR steps = AL / generation speed-up
+                    "paper_step_cost_ar": round(al[k] / paper["gen_speedup"][k], 3),
+                    "sim_step_cost_ar": round(al[k] / res["gen_speedup"], 3),
                 }
             )
     head = ("workload", "k", "gen x", "paper", "err", "step x", "paper")
@@ -131,6 +135,23 @@ def main() -> None:
             f"{r['workload']:>8} {r['k']:>2} {r['gen_speedup']:6.2f} {r['paper_gen_speedup']:6.2f} "
             f"{r['gen_err']:+7.1%} {r['step_speedup']:7.2f} {ps if ps else '':>6}"
         )
+    # The marginal cost of a draft token (AR steps per extra k) exposes what a roofline
+    # step model can and cannot follow: it is ~0.3 up to k = 3 in both workloads (k = 0
+    # costs 1), then RL-Think jumps to ~1.0 between k = 3 and 5 and falls back to ~0.5.
+    print("marginal cost of one more draft token, in AR steps (paper | sim):")
+    for kind in ("zero", "think"):
+        by_k = {r["k"]: r for r in rows if r["workload"] == kind}
+        parts = []
+        for lo, hi in ((0, 3), (3, 5), (5, 7)):
+            cost = {
+                src: (
+                    by_k[hi][f"{src}_step_cost_ar"] - (by_k[lo][f"{src}_step_cost_ar"] if lo else 1)
+                )
+                / (hi - lo)
+                for src in ("paper", "sim")
+            }
+            parts.append(f"k {lo}->{hi}: {cost['paper']:.2f} | {cost['sim']:.2f}")
+        print(f"  {kind:>5}  " + "   ".join(parts))
     out = {
         "bench": "sim_paper",
         "fitted": {

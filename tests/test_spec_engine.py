@@ -274,3 +274,25 @@ def test_metrics_and_collapse_warning(target):
     eng = Engine(target, drafter=Stubborn(), depth=FixedDepth(3))
     with pytest.warns(RuntimeWarning, match="stubborn.*version 0"):
         eng.generate([Request(PROMPT[:2], greedy)] * 8)
+
+
+def test_compare_spec_scores_each_mode_by_its_own_tokens(target):
+    """`specroll draft eval` / `bench spec` rows: the policy drafting for itself is accepted
+    every time (AL = k + 1, per-position 1.0), and with stop tokens on, where the modes
+    emit different samples, each mode's tok/s counts its own tokens."""
+    from specroll.engine.bench import compare_spec
+
+    reqs = [
+        Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(5,), seed=s))
+        for s in range(6)
+    ]
+    rows = compare_spec(target, reqs, {"self": DraftModelDrafter(target)}, 2, [3], 2, lambda _: 0)
+    (row,) = rows
+    assert row["acceptance_length"] == 4.0 and row["per_position"] == [1.0, 1.0, 1.0]
+    plain = Engine(target, EngineConfig(max_batch=2)).generate(reqs)
+    spec = Engine(target, EngineConfig(max_batch=2), DraftModelDrafter(target), FixedDepth(3))
+    n_plain = sum(len(r.token_ids) for r in plain)
+    n_spec = sum(len(r.token_ids) for r in spec.generate(reqs))
+    assert n_plain != n_spec  # same distribution, other samples: lengths differ
+    ratio = row["spec_tok_s"] / row["ar_tok_s"]
+    assert row["speedup"] > 0 and abs(row["speedup"] / ratio - 1) < 0.5
