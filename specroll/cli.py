@@ -98,8 +98,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
         top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
     )
-    texts = _read_prompts(args) * args.samples
+    unique = _read_prompts(args)
+    texts = unique * args.samples
     model, tok = load_policy(args.model)
+    ids = [tok.encode_prompt(t, chat=not args.raw) for t in unique]
     drafter = depth = None
     if args.drafter:
         from specroll.drafters.build import build_drafter
@@ -111,11 +113,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
             from specroll.engine.depth import AdaptiveDepth
             from specroll.sim.profile import cached_profile
 
-            ids = [tok.encode_prompt(t, chat=not args.raw) for t in _read_prompts(args)]
             log = lambda m: console.print(m, markup=False, highlight=False)  # noqa: E731
             depth = AdaptiveDepth(cached_profile(model, drafter, ids, args.profile, log), args.k)
     engine = Engine(model, EngineConfig(max_batch=args.batch, seed=args.seed), drafter, depth)
-    requests = [Request(tok.encode_prompt(t, chat=not args.raw), params) for t in texts]
+    requests = [Request(p, params) for p in ids * args.samples]
     budget = sum(r.params.max_new_tokens for r in requests)
     with _progress() as bar:
         task = bar.add_task("generating", total=len(requests))
