@@ -100,26 +100,24 @@ class Trainer:
                 depth = FixedDepth(cfg.rollout.k, max_batch=cfg.rollout.spec_max_batch)
         ecfg = EngineConfig(max_batch=cfg.rollout.max_batch)
         self.engine = Engine(self.engine_policy, ecfg, drafter, depth)
-        if cfg.ray.enabled:  # same loop, rollouts on Ray workers (engine replicas)
+        self._inflight: dict[int, Pending] = {}
+        if cfg.ray.enabled:  # same loop: rollouts on Ray workers (engine replicas), the
+            # learner in its own actor, weights published from there
             try:
                 import ray  # noqa: F401
             except ImportError as e:
                 raise ValueError("ray.enabled=true needs Ray: pip install 'specroll[ray]'") from e
+            from specroll.rl.learner_host import RayLearnerHost
             from specroll.rl.ray_rollout import RayRollout
 
             dcfg = self.engine_draft.cfg if drafter is not None else None
             self.rollout = RayRollout(cfg.ray, self.engine_policy.cfg, dcfg, ecfg, depth)
             self.rollout.publish(0, self.engine_policy, self.engine_draft)
-        else:
-            self.rollout = LocalRollout(self.engine, self.engine_draft)
-        self._inflight: dict[int, Pending] = {}
-        if cfg.ray.enabled:  # the learner in its own actor, weights published from there
-            from specroll.rl.learner_host import RayLearnerHost
-
             self.host = RayLearnerHost(cfg, policy, draft)
         else:
             from specroll.rl.learner_host import LocalLearnerHost
 
+            self.rollout = LocalRollout(self.engine, self.engine_draft)
             self.host = LocalLearnerHost(cfg, policy, draft)
             self.learner = self.host.learner
         self.step = 0

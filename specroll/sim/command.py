@@ -104,7 +104,7 @@ def build(args: argparse.Namespace) -> RLSim:
         alphas = [float(a) for a in args.alphas.split(",")]
         if not all(0 <= a <= 1 for a in alphas):
             raise ValueError(f"--alphas must be in [0, 1], got {alphas}")
-        sim.spec = Speculation(k, (alphas + [alphas[-1]] * k)[:k])
+        sim.spec = Speculation.padded(alphas, k)
     elif args.acceptance_length is not None:
         if not 1 <= args.acceptance_length < k + 1:
             raise ValueError(
@@ -112,7 +112,7 @@ def build(args: argparse.Namespace) -> RLSim:
             )
         sim.spec = Speculation.from_acceptance_length(args.acceptance_length, k)
     elif k != sim.spec.k:
-        sim.spec = Speculation(k, (sim.spec.alphas + [sim.spec.alphas[-1]] * k)[:k])
+        sim.spec = Speculation.padded(sim.spec.alphas, k)
     sim.spec = replace(sim.spec, adaptive=args.adaptive or sim.spec.adaptive)
     return sim
 

@@ -13,6 +13,7 @@ the `iteration(B, k, ctx)` interface (analytic or measured).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +58,16 @@ class Workload:
         return x.clamp(1, self.max_len).round()
 
 
+def _solve(f: Callable[[float], float], target: float) -> float:
+    """The alpha in [0, 1] with f(alpha) = target, for f increasing (bisection; 0 or 1
+    when target is out of f's range)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        a = (lo + hi) / 2
+        lo, hi = (a, hi) if f(a) < target else (lo, a)
+    return lo
+
+
 @dataclass
 class Speculation:
     """How the simulated engine drafts."""
@@ -84,13 +95,14 @@ class Speculation:
         return out
 
     @staticmethod
+    def padded(alphas: list[float], k: int) -> Speculation:
+        """Depth k with `alphas` cut to k positions, or extended with its last value."""
+        return Speculation(k=k, alphas=(list(alphas) + [alphas[-1]] * k)[:k])
+
+    @staticmethod
     def from_acceptance_length(al: float, k: int) -> Speculation:
         """Constant alpha with 1 + a + ... + a^k = al (how papers report acceptance)."""
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            a = (lo + hi) / 2
-            lo, hi = (a, hi) if sum(a**i for i in range(k + 1)) < al else (lo, a)
-        return Speculation(k=k, alphas=[lo] * k)
+        return Speculation(k=k, alphas=[_solve(lambda a: sum(a**i for i in range(k + 1)), al)] * k)
 
     @staticmethod
     def from_acceptance_lengths(als: dict[int, float], k: int | None = None) -> Speculation:
@@ -104,13 +116,11 @@ class Speculation:
             n, target = kk - len(alphas), als[kk] - base.tau(len(alphas))
             if n < 1 or target <= 0:
                 raise ValueError(f"acceptance lengths must grow with k, got {als}")
-            lo, hi = 0.0, 1.0
-            for _ in range(60):  # reach * (a + a^2 + ... + a^n) = target
-                a = (lo + hi) / 2
-                lo, hi = (a, hi) if reach * sum(a**i for i in range(1, n + 1)) < target else (lo, a)
-            alphas += [lo] * n
+            # reach * (a + a^2 + ... + a^n) = target
+            f = lambda a, r=reach, n=n: r * sum(a**i for i in range(1, n + 1))  # noqa: E731
+            alphas += [_solve(f, target)] * n
         kk = max(als) if k is None else k
-        return Speculation(k=kk, alphas=(alphas + [alphas[-1]] * kk)[:kk])
+        return Speculation.padded(alphas, kk)
 
 
 def simulate_replica(

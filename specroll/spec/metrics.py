@@ -15,6 +15,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+_ADDITIVE = (
+    "drafts",
+    "draft_tokens",
+    "accepted_tokens",
+    "target_forwards",
+    "row_forwards",
+    "emitted_tokens",
+    "draft_s",
+    "target_s",
+)
+"""SpecStats scalars that add up across engines running side by side."""
+
 
 @dataclass
 class SpecStats:
@@ -98,12 +110,8 @@ class SpecStats:
         counts and busy times add up; the wall time is the slowest engine's."""
         out = SpecStats()
         for p in parts:
-            for name in ("drafts", "draft_tokens", "accepted_tokens", "target_forwards"):
+            for name in _ADDITIVE:
                 setattr(out, name, getattr(out, name) + getattr(p, name))
-            out.row_forwards += p.row_forwards
-            out.emitted_tokens += p.emitted_tokens
-            out.draft_s += p.draft_s
-            out.target_s += p.target_s
             out.total_s = max(out.total_s, p.total_s)
             for mine, theirs in (
                 (out.accepted_per_pos, p.accepted_per_pos),
