@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specroll.drafters.evaluate import EVAL_SEED
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
 from specroll.model import load_model
@@ -59,7 +60,7 @@ def main() -> None:
     exits = [int(x) for x in args.exits.split(",")]
     if not all(1 <= e < policy.cfg.num_layers for e in exits):
         raise ValueError(f"--exits must be in 1..{policy.cfg.num_layers - 1}, got {exits}")
-    prompts = [encode(tok, p) for p in prompt_set("math", args.n, 1)]  # seed 1: held out
+    prompts = [encode(tok, p) for p in prompt_set("math", args.n, EVAL_SEED)]  # held out
     reqs = [
         Request(p, SamplingParams(args.temperature, max_new_tokens=args.max_new_tokens, seed=i))
         for i, p in enumerate(prompts)
