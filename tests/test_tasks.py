@@ -49,3 +49,52 @@ def test_math_reward_uses_math_verify():
     assert math_reward("Answer: 55", "56") == 0.0
     assert math_reward("56", "56") == 0.0  # no committed answer, no reward
     assert math_reward("Answer: ???", "56") == 0.0
+
+
+@pytest.mark.parametrize(
+    "record,message",
+    [
+        ({"prompt": ["a", "b"]}, "chat messages"),  # a list of strings, not messages
+        ({"prompt": [{"role": "user", "content": ["x"]}]}, "content"),
+        ({"prompt": {"text": "hi"}}, "'prompt' must be a string"),
+        ({"prompt": 3}, "'prompt' must be a string"),
+        ({"prompt": None}, "'prompt' must be a string"),
+        ({"prompt": "  "}, "'prompt' is empty"),
+        ({"prompt": []}, "no user message"),
+        ({"prompt": "hi", "answer": [1]}, "'answer' must be a string or a number"),
+        ({"prompt": "hi", "answer": {"a": 1}}, "'answer' must be a string or a number"),
+        ({"prompt": "hi", "reward_model": "4"}, "'reward_model' must be an object"),
+        ({"prompt": "hi", "reward_model": {"ground_truth": [4]}}, "'ground_truth' must be"),
+        (["prompt"], "expected a JSON object"),
+        (7, "expected a JSON object"),
+    ],
+)
+def test_malformed_task_records_are_clear_errors(tmp_path, record, message):
+    """A bad line names the file, the line and the field instead of raising a traceback."""
+    import json
+
+    from specroll.rl.tasks.sets import load_file
+
+    f = tmp_path / "tasks.jsonl"
+    f.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match="tasks.jsonl:2") as e:
+        load_file(f)
+    assert message in str(e.value)
+
+
+def test_numeric_answers_and_chat_prompts_are_accepted(tmp_path):
+    import json
+
+    from specroll.rl.tasks.sets import load_file
+
+    f = tmp_path / "tasks.jsonl"
+    recs = [
+        {"prompt": "1+1?", "answer": 2},
+        {"prompt": "half?", "answer": 0.5},
+        {"prompt": "none?", "answer": None},
+        {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]},
+        "a bare string",
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    got = [(p.prompt, p.answer) for p in load_file(f)]
+    assert got == [("1+1?", "2"), ("half?", "0.5"), ("none?", ""), ("q", ""), ("a bare string", "")]

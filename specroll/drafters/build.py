@@ -9,10 +9,35 @@ mtp:PATH              MTP heads saved by specroll
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specroll.drafters.base import Drafter
 from specroll.model.transformer import Transformer
 
 KINDS = ("ngram", "draft:PATH", "self", "eagle3:PATH", "mtp:PATH")
+
+EXPECTED = {
+    "eagle3": "a directory with config.json and *.safetensors: an EAGLE-3 head written by "
+    "`specroll draft train`, SpecForge or for vLLM",
+    "mtp": "a directory with config.json and mtp.safetensors written by "
+    "`specroll draft train --kind mtp`",
+}
+"""What a PATH of each directory kind must be, for the error when it is not."""
+
+
+def _draft_dir(kind: str, path: str, spec: str) -> Path:
+    """`path` if it is a directory holding config.json, else a ValueError that names the
+    path and says what was expected (the loaders would raise a bare FileNotFoundError)."""
+    d = Path(path).expanduser()
+    if not d.exists():
+        problem = "does not exist"
+    elif not d.is_dir():
+        problem = "is not a directory"
+    elif not (d / "config.json").is_file():
+        problem = "has no config.json"
+    else:
+        return d
+    raise ValueError(f"drafter {spec!r}: {d} {problem} (expected {EXPECTED[kind]})")
 
 
 def build_drafter(spec: str, target: Transformer) -> Drafter:
@@ -41,9 +66,9 @@ def build_drafter(spec: str, target: Transformer) -> Drafter:
     if kind == "eagle3" and path:
         from specroll.drafters.eagle3 import Eagle3Drafter, load_eagle3
 
-        return Eagle3Drafter(load_eagle3(path, target.cfg, embed=target))
+        return Eagle3Drafter(load_eagle3(_draft_dir(kind, path, spec), target.cfg, embed=target))
     if kind == "mtp" and path:
         from specroll.drafters.mtp import MTPDrafter, load_mtp
 
-        return MTPDrafter(load_mtp(path, target))
+        return MTPDrafter(load_mtp(_draft_dir(kind, path, spec), target))
     raise ValueError(f"drafter {spec!r} is not one of: {', '.join(KINDS)}")

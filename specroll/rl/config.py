@@ -360,10 +360,32 @@ def load_preset(name: str) -> dict[str, Any]:
             raise ValueError(f"unknown preset {name!r}; presets: {', '.join(names)}")
     elif not path.is_file():
         raise ValueError(f"config file {path} does not exist")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:  # yaml's message names no file: say which, and where
+        raise ValueError(f"{path}: not valid YAML{_yaml_where(e)}") from e
     if not isinstance(raw, dict):
-        raise ValueError(f"{path} must hold a mapping of sections")
+        raise ValueError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
+    for section, values in raw.items():
+        if values is not None and not isinstance(values, dict):
+            raise ValueError(
+                f"{path}: section {section!r} must be a mapping of keys to values, "
+                f"got {type(values).__name__} {values!r}"
+            )
     return raw
+
+
+def _yaml_where(e: yaml.YAMLError) -> str:
+    """' at line L, column C: problem (while parsing ... started at line M)' from a yaml
+    error's marks (1-based), or ': message' when it carries none."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or not problem:
+        return f": {' '.join(str(e).split())}"
+    out = f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and cmark is not None:
+        out += f" ({context} started at line {cmark.line + 1})"
+    return out
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -30,18 +30,82 @@ def math_problems(n: int, seed: int = 0, levels: tuple[int, ...] = DEFAULT_LEVEL
 
 
 def _record(rec: Any, where: str) -> Problem:
+    """One task from a parsed line or Parquet row; a malformed one is a ValueError naming
+    `where` and the field (user files are the commonest source of bad input)."""
     if isinstance(rec, str):
-        return Problem(rec, "", 0, where, response_prefix="")
+        return Problem(_text(rec, where, "prompt"), "", 0, where, response_prefix="")
     if not isinstance(rec, dict) or "prompt" not in rec:
         raise ValueError(f"{where}: expected a JSON object with a 'prompt' field")
-    prompt = rec["prompt"]
+    prompt = _listed(rec["prompt"])
     if isinstance(prompt, list):  # DAPO / chat-message form: the last user turn
-        users = [m.get("content", "") for m in prompt if m.get("role") == "user"]
-        if not users:
-            raise ValueError(f"{where}: 'prompt' has no user message")
-        prompt = users[-1]
-    answer = rec.get("answer", (rec.get("reward_model") or {}).get("ground_truth", ""))
-    return Problem(str(prompt), str(answer), 0, where, response_prefix="")
+        prompt = _last_user_turn(prompt, where)
+    elif not isinstance(prompt, str):
+        raise ValueError(
+            f"{where}: 'prompt' must be a string or a list of chat messages "
+            f"({{'role': ..., 'content': ...}}), got {_kind(prompt)}"
+        )
+    if "answer" in rec:
+        answer = _answer(rec["answer"], where, "answer")
+    else:
+        reward_model = rec.get("reward_model")
+        if reward_model is None:
+            reward_model = {}
+        if not isinstance(reward_model, dict):
+            raise ValueError(
+                f"{where}: 'reward_model' must be an object, got {_kind(reward_model)}"
+            )
+        answer = _answer(reward_model.get("ground_truth"), where, "reward_model.ground_truth")
+    return Problem(_text(prompt, where, "prompt"), answer, 0, where, response_prefix="")
+
+
+def _listed(value: Any) -> Any:
+    """Parquet list columns arrive as NumPy arrays: those become lists, the rest is kept."""
+    return value.tolist() if hasattr(value, "tolist") and not isinstance(value, str) else value
+
+
+def _last_user_turn(messages: list, where: str) -> str:
+    """The content of the last {'role': 'user', 'content': str} message."""
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m:
+            raise ValueError(
+                f"{where}: 'prompt' as a list must hold chat messages "
+                f"({{'role': ..., 'content': ...}}), got an item that is {_kind(m)}"
+            )
+    users = [m.get("content") for m in messages if m["role"] == "user"]
+    if not users:
+        raise ValueError(f"{where}: 'prompt' has no user message")
+    if not isinstance(users[-1], str):
+        raise ValueError(
+            f"{where}: the user message's 'content' must be a string, got {_kind(users[-1])}"
+        )
+    return users[-1]
+
+
+def _text(value: str, where: str, name: str) -> str:
+    if not value.strip():
+        raise ValueError(f"{where}: {name!r} is empty")
+    return value
+
+
+def _answer(value: Any, where: str, name: str) -> str:
+    """An answer as text: strings as they are, numbers printed, missing (None/NaN) empty."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    value = value.item() if hasattr(value, "item") and not isinstance(value, str) else value
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        leaf = name.rpartition(".")[2]
+        raise ValueError(f"{where}: {leaf!r} must be a string or a number, got {_kind(value)}")
+    return str(value)
+
+
+def _kind(value: Any) -> str:
+    """'a list', 'an object', 'null' ... in JSON's words (what the user wrote)."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"a number ({value})"
+    return names.get(type(value), f"a {type(value).__name__}")
 
 
 def load_file(path: str | Path) -> list[Problem]:
