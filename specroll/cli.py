@@ -1,6 +1,8 @@
 """specroll command line: `specroll model | generate | bench | draft` (see --help).
 
 Each sub-command is a small function over the library; rich draws progress and tables.
+Results (completions, `--json` reports, paths) go to stdout and everything else (progress,
+timings, statistics, errors) to stderr, so `specroll generate > out.txt` captures the text.
 """
 
 from __future__ import annotations
@@ -10,24 +12,27 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
+
+from specroll.progress import PlainProgress, progress, status
+
+if TYPE_CHECKING:
+    from specroll.spec.metrics import SpecStats
 
 console = Console(stderr=True)
+"""Diagnostics: progress, timings, statistics, errors (stderr)."""
+stdout = Console()
+"""Results: the completions of `generate` (stdout)."""
 
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    )
+def _progress() -> Progress | PlainProgress:
+    """Bars in a terminal, plain lines in a log (`specroll.progress`)."""
+    return progress(console)
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -52,28 +57,19 @@ def load_policy(model: str):
     from specroll.model.tokenizer import Tokenizer
 
     path = resolve_model_dir(model)
-    with console.status(f"loading {path}"):
+    with status(console, f"loading {path}"):
         return load_model(path), Tokenizer(path)
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
+    """--prompt texts, then --prompts FILE read (and checked record by record) as the RL
+    task files are, so a file that trains also generates; else the builtin prompts."""
     from specroll.engine.prompts import BUILTIN_PROMPTS
+    from specroll.rl.tasks.sets import load_file
 
     prompts = list(args.prompt or [])
     if args.prompts:
-        path = Path(args.prompts)
-        if not path.is_file():
-            raise ValueError(f"--prompts file {path} does not exist")
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            line = line.strip()
-            if not line:
-                continue
-            if path.suffix == ".jsonl":
-                try:
-                    line = json.loads(line)["prompt"]
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise ValueError(f"{path}:{n}: expected a JSON object with 'prompt'") from e
-            prompts.append(line)
+        prompts += [p.prompt for p in load_file(args.prompts)]
     return prompts or list(BUILTIN_PROMPTS)
 
 
@@ -137,11 +133,12 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if out:
             out.write(json.dumps(record) + "\n")
         else:
-            console.rule(f"[bold]{text}")
-            console.print(record["completion"], markup=False, highlight=False)
+            stdout.rule(Text(text, style="bold"))
+            # soft_wrap: the text as generated, not re-wrapped at the terminal's width
+            stdout.print(record["completion"], markup=False, highlight=False, soft_wrap=True)
     if out:
         out.close()
-        console.print(f"wrote {len(results)} samples to {args.out}")
+        console.print(f"wrote {len(results)} samples to {args.out}", soft_wrap=True)
     console.print(
         f"[bold]{n_tok}[/] tokens (budget {budget}) in {wall:.1f}s: "
         f"[bold green]{n_tok / wall:.1f} tok/s[/] at batch {min(args.batch, len(requests))}"
@@ -151,8 +148,34 @@ def cmd_generate(args: argparse.Namespace) -> None:
         console.print(
             f"drafter {drafter.name}: acceptance length {s.acceptance_length:.2f}, "
             f"per position {[round(x, 2) for x in s.per_position]}, "
-            f"{s.tokens_per_forward:.2f} tokens per target forward"
+            f"{s.tokens_per_forward:.2f} tokens per target forward",
+            soft_wrap=True,
         )
+        notice = speculation_notice(s, args, n_rows=min(args.batch, len(requests)))
+        if notice:
+            console.print(Text.assemble(("notice: ", "yellow"), notice), soft_wrap=True)
+
+
+def speculation_notice(stats: SpecStats, args: argparse.Namespace, n_rows: int) -> str | None:
+    """Why a speculative run hardly speculated, when k = 0 ran most decode iterations
+    (stats.depth_hist[0] counts them); None when speculation ran most of the time."""
+    off = stats.depth_hist[0] if stats.depth_hist else 0
+    if not stats.target_forwards or off / stats.target_forwards <= 0.5:
+        return None
+    head = f"speculation was off for {off / stats.target_forwards:.0%} of decode iterations"
+    if args.k == 0:
+        return f"{head}: --k 0 drafts no tokens"
+    if args.depth == "adaptive":
+        return (
+            f"{head}: --depth adaptive judged plain decoding faster at these batch sizes "
+            f"on this machine's cost profile; use --depth fixed to speculate regardless"
+        )
+    if n_rows > args.spec_max_batch:
+        return (
+            f"{head}: more than --spec-max-batch={args.spec_max_batch} rows were active "
+            f"({n_rows} at once); lower --batch or raise --spec-max-batch"
+        )
+    return f"{head}: the context window left no room for draft tokens"
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> None:
@@ -254,7 +277,7 @@ def cmd_bench_profile(args: argparse.Namespace) -> None:
     drafter = build_drafter(args.drafter, model) if args.drafter else None
     prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=3)]
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
-    with console.status("profiling (target forward grid, then engine runs)"):
+    with status(console, "profiling (target forward grid, then engine runs)"):
         cm = profile(
             model,
             drafter,
@@ -385,26 +408,42 @@ def cmd_train(args: argparse.Namespace) -> None:
     overrides = list(args.set or [])
     if args.out:
         overrides.append(f"pipeline.out_dir={args.out}")
-    if args.steps:
+    if args.steps is not None:
         overrides.append(f"pipeline.steps={args.steps}")
     cfg = build_config(args.preset, overrides)
+    from specroll.rl import rundir
     from specroll.rl.pipeline import task_items
 
-    task_items(cfg)  # a bad dataset fails before any model is loaded
+    # a bad dataset, a foreign or mismatched checkpoint, or an occupied output directory
+    # fail before any model is loaded or any file is written
+    task_items(cfg)
+    plan = rundir.check(
+        cfg.pipeline.out_dir, cfg.to_dict(), cfg.pipeline.steps, args.resume, args.overwrite
+    )
+    if plan.action == "finished":
+        console.print(
+            f"{cfg.pipeline.out_dir}: this run finished at step {plan.step} "
+            f"(pipeline.steps={cfg.pipeline.steps}); nothing to do. Raise --steps to continue it.",
+            markup=False,
+            highlight=False,
+        )
+        return
     path = resolve_model_dir(cfg.policy.model)
     from specroll.model import load_model
     from specroll.model.tokenizer import Tokenizer
 
-    with console.status(f"loading {path}"):
+    with status(console, f"loading {path}"):
         policy, tok = load_model(path), Tokenizer(path)
     with _progress() as bar:
         tasks: dict[str, int] = {}
         labels = {"data": "draft: sampling the policy", "train": "draft: training EAGLE-3"}
 
-        def on_draft(stage: str, done: int, total: int | None) -> None:
+        def on_draft(stage: str, done: int, total: int | None, info: str = "") -> None:
+            label = labels.get(stage, stage)
             if stage not in tasks:
-                tasks[stage] = bar.add_task(labels.get(stage, stage), total=total)
-            bar.update(tasks[stage], completed=done, total=total)
+                tasks[stage] = bar.add_task(label, total=total)
+            desc = f"{label} ({info})" if info else label
+            bar.update(tasks[stage], completed=done, total=total, description=desc)
 
         draft = build_draft(cfg, policy, tok, path, progress=on_draft)
     trainer = Trainer(cfg, policy, tok, draft, log=console.print)
@@ -426,6 +465,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         "tok/s",
     ):
         table.add_column(col, justify="right")
+    from specroll.rl.report import step_line
+
     with _progress() as bar:
         task = bar.add_task("RL steps", total=cfg.pipeline.steps, completed=trainer.step)
 
@@ -445,15 +486,19 @@ def cmd_train(args: argparse.Namespace) -> None:
                 f"{t['train']:.1f}",
                 f"{m['gen_tok_s']:.0f}",
             )
+            console.print(
+                step_line(m, cfg.pipeline.steps), markup=False, highlight=False, soft_wrap=True
+            )
             bar.update(
                 task, completed=m["step"], description=f"RL steps (reward {m['reward']:.3f})"
             )
-            console.print(json.dumps(m), markup=False, highlight=False)
 
-        trainer.run(resume=args.resume, on_step=on_step)
-    console.print(table)
+        trainer.run(resume=args.resume, on_step=on_step, overwrite=args.overwrite)
+    if console.is_terminal:  # off a terminal the step lines above are the record
+        console.print(table)
     console.print(
-        f"[green]done[/]: metrics, checkpoints, policy/ and draft/ in {cfg.pipeline.out_dir}"
+        f"[green]done[/]: metrics.jsonl, report.md, checkpoints, policy/ and draft/ in "
+        f"{cfg.pipeline.out_dir}"
     )
 
 
@@ -545,7 +590,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.add_argument("--steps", type=int, help="shorthand for --set pipeline.steps=N")
     tr.add_argument("--out", help="shorthand for --set pipeline.out_dir=DIR")
-    tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    tr.add_argument(
+        "--resume", action="store_true", help="continue this run from its latest checkpoint"
+    )
+    tr.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a fresh run in an --out that holds another run (deletes its metrics, "
+        "checkpoints and outputs)",
+    )
     tr.set_defaults(func=cmd_train)
 
     _add_simulate(sub)
@@ -604,8 +657,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except ValueError as e:
-        from rich.text import Text
-
         # soft_wrap: a long path stays one piece; Text: brackets in it are not markup
         console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
         return 2

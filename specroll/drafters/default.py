@@ -53,12 +53,12 @@ def default_draft(
     tok,
     policy_dir: str | Path,
     recipe: DefaultDraftRecipe | None = None,
-    progress: Callable[[str, int, int | None], None] | None = None,
+    progress: Callable[..., None] | None = None,
 ) -> Path:
     """Directory of the cached EAGLE-3 draft for `policy` (built on first use).
 
-    progress(stage, done, total) is called with stage 'data' (rollouts) and 'train'
-    (optimizer steps).
+    progress(stage, done, total, info) is called with stage 'data' (rollouts) and
+    'train' (optimizer steps; info: the loss and per-position acceptance).
     """
     recipe = recipe or DefaultDraftRecipe()
     policy_dir = Path(policy_dir)
@@ -83,7 +83,8 @@ def default_draft(
 
     def on_step(rec: dict) -> None:
         if progress:
-            progress("train", rec["step"], rec["total"])
+            acc = " ".join(f"{a:.2f}" for a in rec["accept"])
+            progress("train", rec["step"], rec["total"], f"loss {rec['loss']:.3f}, accept {acc}")
 
     work = root / "training"
     train_draft(policy, DraftData(data_dir), recipe.train, work, resume=True, log=on_step)

@@ -2,12 +2,15 @@
 
 A checkpoint holds the policy and draft weights, both optimizers, the RNG states, the
 step (which is also the data cursor: prompts and rollout seeds are functions of the
-step) and the config. It is written to a temporary directory and renamed, so a crash
+step) and the config. Beside the state, `meta.json` holds the step, the id of the run
+that wrote it and its config, so a resume can be checked without loading any weights
+(see `rl.rundir`). It is written to a temporary directory and renamed, so a crash
 mid-write never leaves a half checkpoint behind; only the newest `keep` are kept.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -26,7 +29,9 @@ def latest(root: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save(root: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
+def save(
+    root: str | Path, step: int, state: dict[str, Any], keep: int = 2, run_id: str = ""
+) -> Path:
     """Write checkpoint `step` (state: tensors/optimizer dicts/config) atomically."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -36,11 +41,20 @@ def save(root: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> P
     tmp.mkdir()
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     torch.save({**state, "step": step, "rng": rng}, tmp / "state.pt")
+    meta = {"step": step, "run_id": run_id, "config": state.get("config", {})}
+    (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in _dirs(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def meta(path: str | Path) -> dict[str, Any]:
+    """The checkpoint's {step, run_id, config} without loading its tensors ({} if absent:
+    a checkpoint written before run ids existed)."""
+    f = Path(path) / "meta.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
 
 
 def load(path: str | Path) -> dict[str, Any]:

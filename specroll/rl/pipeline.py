@@ -32,7 +32,7 @@ from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import Transformer
-from specroll.rl import checkpoint
+from specroll.rl import checkpoint, rundir
 from specroll.rl import loss as L
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch
@@ -121,6 +121,8 @@ class Trainer:
             self.host = LocalLearnerHost(cfg, policy, draft)
             self.learner = self.host.learner
         self.step = 0
+        self.run_id = ""
+        """The id of the run that owns out_dir (stamped on every checkpoint)."""
         self.dropped = 0
         """Samples dropped for being more than pipeline.max_lag versions old."""
         self._stop = False
@@ -301,6 +303,7 @@ class Trainer:
             groups=len(problems),
             acceptance_length=round(spec.acceptance_length, 4) if spec.drafts else None,
             per_position=[round(x, 4) for x in spec.per_position] if spec.drafts else None,
+            depth_hist=list(spec.depth_hist),  # decode iterations by draft depth (0 = plain)
             policy_version=self.step,
         )
         if shadow_s is not None:
@@ -341,21 +344,9 @@ class Trainer:
         return {"config": self.cfg.to_dict(), **self.host.state()}
 
     def restore(self, state: dict) -> None:
-        mine, theirs = self.cfg.to_dict(), state["config"]
-        for sec in mine:
-            for key in mine[sec]:
-                if sec == "ray" or (sec, key) in (  # placement does not change results
-                    ("pipeline", "steps"),
-                    ("log", "progress"),
-                    ("log", "tensorboard"),
-                ):
-                    continue
-                old = theirs.get(sec, {}).get(key)
-                if _norm(mine[sec][key]) != _norm(old):
-                    raise ValueError(
-                        f"checkpoint was written with {sec}.{key}={old!r}, this run has "
-                        f"{mine[sec][key]!r}; resume with the same settings"
-                    )
+        problem = rundir.config_mismatch(self.cfg.to_dict(), state["config"])
+        if problem:
+            raise ValueError(problem)
         self.host.restore(state)
         self.step = state["step"]
         self.rollout.publish(self.step, *self.host.weights())
@@ -369,24 +360,40 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         return checkpoint.save(
-            self.out / "checkpoints", self.step, self.state(), self.cfg.pipeline.keep_checkpoints
+            self.out / "checkpoints",
+            self.step,
+            self.state(),
+            self.cfg.pipeline.keep_checkpoints,
+            run_id=self.run_id,
         )
 
     # ------------------------------------------------------------------ loop
 
     def run(
-        self, resume: bool = False, on_step: Callable[[dict], None] | None = None
+        self,
+        resume: bool = False,
+        on_step: Callable[[dict], None] | None = None,
+        overwrite: bool = False,
     ) -> list[dict]:
-        """Run to `pipeline.steps`; metrics go to out_dir/metrics.jsonl."""
+        """Run to `pipeline.steps`; metrics go to out_dir/metrics.jsonl.
+
+        The directory must be free (or `overwrite`), or hold this run's checkpoint when
+        `resume` (see `rl.rundir`); a finished run is left as it is.
+        """
         cfg = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
+        plan = rundir.check(self.out, cfg.to_dict(), cfg.pipeline.steps, resume, overwrite)
+        if plan.action == "finished":
+            self.log(
+                f"{self.out}: this run finished at step {plan.step} "
+                f"(pipeline.steps={cfg.pipeline.steps}); nothing to do. Raise --steps to "
+                "continue it."
+            )
+            return []
+        self.run_id = rundir.start(self.out, cfg.to_dict(), plan)
         metrics_path = self.out / "metrics.jsonl"
-        if resume:
-            ck = checkpoint.latest(self.out / "checkpoints")
-            if ck is None:
-                raise ValueError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
-            self.restore(checkpoint.load(ck))
-            self.log(f"resumed from {ck} (step {self.step})")
+        if plan.action == "resume":
+            self.restore(checkpoint.load(plan.checkpoint))
+            self.log(f"resumed from {plan.checkpoint} (step {self.step})")
             kept = [
                 line
                 for line in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
@@ -395,7 +402,6 @@ class Trainer:
             metrics_path.write_text("".join(line + "\n" for line in kept))
         else:
             metrics_path.write_text("")
-            (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         writer = _tensorboard(self.out) if cfg.log.tensorboard else None
         history: list[dict] = []
         previous = signal.getsignal(signal.SIGINT)
@@ -451,10 +457,6 @@ class Trainer:
         """The trained policy (HF dir, with tokenizer) and draft (vLLM EAGLE-3 layout)."""
         self.host.export(self.out.resolve())
         self.tok.hf.save_pretrained(str(self.out / "policy"))
-
-
-def _norm(v):
-    return list(v) if isinstance(v, tuple) else v
 
 
 def _tensorboard(out: Path):

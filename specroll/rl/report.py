@@ -18,6 +18,30 @@ from specroll.rl.config import TrainConfig
 STAGES = ("gen", "reward", "logprob", "train", "prepare")
 
 
+def deepest(depth_hist: list[int] | None) -> int:
+    """The deepest draft (tokens per row) any iteration used, from a depth histogram."""
+    return max((k for k, n in enumerate(depth_hist or []) if n), default=0)
+
+
+def step_line(m: dict, steps: int) -> str:
+    """One readable line per RL step for the console and logs (the full figures are in
+    metrics.jsonl): 'step 3/10  reward 0.312  acc 0.281  val 0.300  len 54  AL 1.32
+    gen 12.1s (x1.02)  logprob 3.2s  train 20.1s  step 36.0s  211 tok/s'."""
+    t = m["time"]
+    parts = [f"step {m['step']}/{steps}", f"reward {m['reward']:.3f}", f"acc {m['accuracy']:.3f}"]
+    if "val_accuracy" in m:
+        parts.append(f"val {m['val_accuracy']:.3f}")
+    parts.append(f"len {m['response_len_mean']:.0f}")
+    if m.get("acceptance_length"):
+        parts.append(f"AL {m['acceptance_length']:.2f}")
+    gen = f"gen {t['gen']:.1f}s"
+    if "gen_speedup" in m:
+        gen += f" (x{m['gen_speedup']:.2f} vs plain)"
+    parts += [gen, f"logprob {t['logprob']:.1f}s", f"train {t['train']:.1f}s"]
+    parts += [f"step {m['step_s']:.1f}s", f"{m['gen_tok_s']:.0f} tok/s"]
+    return "  ".join(parts)
+
+
 def summarise(rows: list[dict]) -> dict:
     """Headline figures of a run from its metrics lines."""
     steps = [r for r in rows if "time" in r]
@@ -32,6 +56,7 @@ def summarise(rows: list[dict]) -> dict:
     out["stage_mean_s"] = {k: round(v, 3) for k, v in stage.items()}
     out["step_mean_s"] = round(total, 3)
     out["gen_share"] = round(stage["gen"] / total, 4) if total else None
+    out["deepest_draft"] = max((deepest(r.get("depth_hist")) for r in steps), default=0)
     als = [r["acceptance_length"] for r in steps if r.get("acceptance_length")]
     out["acceptance_length_mean"] = round(statistics.mean(als), 4) if als else None
     out["reward_first"], out["reward_last"] = steps[0]["reward"], steps[-1]["reward"]
@@ -51,11 +76,98 @@ def summarise(rows: list[dict]) -> dict:
         s_gen = statistics.median(r["gen_speedup"] for r in sh)
         r_gen = stage["gen"] * s_gen / (total - stage["gen"] + stage["gen"] * s_gen)
         out["gen_speedup"] = round(s_gen, 4)
+        # the same step with the shadow's plain generation in place of the speculative one
+        plain = [(r["step_s"] - r["time"]["gen"] + r["shadow_ar_gen_s"]) / r["step_s"] for r in sh]
+        out["step_speedup"] = round(statistics.median(plain), 4)
         out["amdahl_bound"] = round(1 / (r_gen / s_gen + 1 - r_gen), 4)
         al = out["acceptance_length_mean"]
         if al:
             out["amdahl_bound_at_al"] = round(1 / (r_gen / al + 1 - r_gen), 4)
     return out
+
+
+EXPLAIN = {
+    "stage_mean_s": "`stage_mean_s`: mean seconds per step in each stage.",
+    "gen_share": "`gen_share`: generation's share of the mean step.",
+    "acceptance_length_mean": "`acceptance_length_mean`: tokens emitted per drafting row "
+    "and iteration (1 = speculation gained nothing; plain-decoding iterations excluded).",
+    "deepest_draft": "`deepest_draft`: the most draft tokens per row any iteration used "
+    "(adaptive depth picks 0 where verification costs more than it saves).",
+    "gen_busy_mean_s": "`gen_busy_mean_s`: generation's own wall time; "
+    "`exposed_gen_mean_s`: what the learner waited for rollouts (all of generation when "
+    "synchronous, only what training did not hide when async).",
+    "lag_histogram": "`lag_histogram`: samples by how many policy updates old they were.",
+    "gen_speedup": "`gen_speedup`: plain-decoding time over speculative time for the same "
+    "requests and weights (shadow rollouts every `pipeline.shadow_every` steps), median.",
+    "step_speedup": "`step_speedup`: the whole step with plain generation over the step "
+    "as run (the shadow steps' stage times), median: what speculation bought end to end.",
+    "amdahl_bound": "`amdahl_bound`: 1 / (R_gen / S_gen + 1 - R_gen) with R_gen the "
+    "generation share of the plain-decoding step; `amdahl_bound_at_al`: the same with the "
+    "acceptance length as S_gen (free drafts and verification).",
+}
+"""What each summary figure means; only the figures a run has are explained."""
+
+
+def _cell(v) -> str:
+    """A summary value as table text (dicts as 'key value' pairs, not Python reprs)."""
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_cell(x)}" for k, x in v.items()) or "-"
+    return "-" if v is None else str(v)
+
+
+def figures(rows: list[dict], summary: dict, cfg: TrainConfig) -> dict:
+    """{file name: matplotlib Figure} of the run's plots (empty without steps)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    steps = [r for r in rows if "time" in r]
+    x = [r["step"] for r in steps]
+    figs: dict = {}
+    if steps:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot(x, [r["reward"] for r in steps], "o-", label="train reward")
+        v = [(r["step"], r["val_accuracy"]) for r in rows if "val_accuracy" in r]
+        if v:
+            ax.plot(*zip(*v, strict=True), "s--", label="validation accuracy")
+        ax.set_ylabel("reward / accuracy")
+        ax.legend()
+        ax.set_title("reward and accuracy")
+        figs["reward.png"] = fig
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        al = [(r["step"], r["acceptance_length"]) for r in steps if r.get("acceptance_length")]
+        if al:
+            ax.plot(*zip(*al, strict=True), "o-", label="acceptance length")
+        ax.axhline(1.0, color="grey", linestyle=":", label="AL = 1 (speculation gains nothing)")
+        top = max([a for _, a in al] + [1.0])
+        ax.set_ylim(0.9, max(2.0, top * 1.1))  # from 1 up: how far above no-gain it is
+        ax.set_ylabel("acceptance length (tokens per draft)")
+        ax.legend(loc="upper left")
+        if cfg.rollout.depth == "adaptive":
+            title = (
+                f"draft acceptance (adaptive depth, k <= {cfg.rollout.k}; "
+                f"deepest used {summary.get('deepest_draft', 0)})"
+            )
+        else:
+            title = (
+                f"draft acceptance (k = {cfg.rollout.k} up to batch {cfg.rollout.spec_max_batch})"
+            )
+        ax.set_title(title)
+        figs["acceptance.png"] = fig
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        bottom = [0.0] * len(steps)
+        for st in STAGES:
+            h = [r["time"].get(st, 0.0) for r in steps]
+            ax.bar(x, h, bottom=bottom, label=st)
+            bottom = [b + y for b, y in zip(bottom, h, strict=True)]
+        ax.set_ylabel("seconds")
+        ax.legend()
+        ax.set_title("stage times per step")
+        figs["stages.png"] = fig
+        for fig in figs.values():
+            ax = fig.axes[0]
+            ax.set_xlabel("RL step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return figs
 
 
 def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
@@ -67,37 +179,7 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
 
     steps = [r for r in rows if "time" in r]
     summary = summarise(rows)
-    x = [r["step"] for r in steps]
-    figs = {}
-    if steps:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot(x, [r["reward"] for r in steps], "o-", label="train reward")
-        v = [(r["step"], r["val_accuracy"]) for r in rows if "val_accuracy" in r]
-        if v:
-            ax.plot(*zip(*v, strict=True), "s--", label="validation accuracy")
-        ax.set_xlabel("step")
-        ax.legend()
-        ax.set_title("reward and accuracy")
-        figs["reward.png"] = fig
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        al = [(r["step"], r["acceptance_length"]) for r in steps if r.get("acceptance_length")]
-        if al:
-            ax.plot(*zip(*al, strict=True), "o-")
-        ax.set_xlabel("step")
-        ax.set_ylabel("acceptance length")
-        ax.set_title(f"draft acceptance (k = {cfg.rollout.k})")
-        figs["acceptance.png"] = fig
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        bottom = [0.0] * len(steps)
-        for st in STAGES:
-            h = [r["time"].get(st, 0.0) for r in steps]
-            ax.bar(x, h, bottom=bottom, label=st)
-            bottom = [b + y for b, y in zip(bottom, h, strict=True)]
-        ax.set_xlabel("step")
-        ax.set_ylabel("seconds")
-        ax.legend()
-        ax.set_title("stage times")
-        figs["stages.png"] = fig
+    figs = figures(rows, summary, cfg)
     for name, fig in figs.items():
         fig.tight_layout()
         fig.savefig(out / name, dpi=100)
@@ -119,20 +201,15 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
         "| figure | value |",
         "|---|---|",
     ]
-    lines += [f"| {k} | {v} |" for k, v in summary.items()]
-    lines += [
-        "",
-        "How to read it: `gen_speedup` is plain-decoding time over speculative time for the",
-        "same requests and weights (shadow rollouts every `pipeline.shadow_every` steps);",
-        "`amdahl_bound` is 1 / (R_gen / S_gen + 1 - R_gen) with R_gen the generation share",
-        "of the plain-decoding step: the step speed-up if nothing else changes;",
-        "`amdahl_bound_at_al` is the same with the acceptance length as S_gen (free drafts",
-        "and verification). `exposed_gen_mean_s` is what the learner waited for rollouts",
-        "(all of generation when synchronous, only what training did not hide when async);",
-        "`gen_busy_mean_s` is generation's own wall time; `lag_histogram` counts samples by",
-        "how many updates old their policy was.",
-        "",
-    ]
+    lines += [f"| {k} | {_cell(v)} |" for k, v in summary.items()]
+    lines += ["", "How to read it:", ""]
+    lines += [f"- {text}" for key, text in EXPLAIN.items() if key in summary]
+    if "gen_speedup" not in summary:
+        lines.append(
+            "- No generation speed-up was measured: set `pipeline.shadow_every` (synchronous "
+            "runs with a draft) to decode some steps' requests without speculation too."
+        )
+    lines.append("")
     lines += [f"![{n}]({n})" for n in figs]
     lines += ["", "| step | reward | val acc | AL | gen s | logprob s | train s | step s |"]
     lines += ["|---|---|---|---|---|---|---|---|"]
