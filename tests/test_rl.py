@@ -105,7 +105,10 @@ def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path):
 def test_engine_logprobs_match_learner_and_versions_are_checked(tiny_setup, tmp_path):
     t = _trainer(tiny_setup, tmp_path)
     m = t.run_step()
-    assert m["logprob_mismatch_max"] <= 1e-5
+    from specroll.rl.mismatch import logprob_tolerance
+
+    assert m["logprob_mismatch_max"] <= logprob_tolerance(t.cfg.rollout.temperature)
+    assert t.cfg.rollout.temperature == 1.0 and m["logprob_mismatch_max"] <= 1e-5  # strict at T=1
     assert m["policy_version"] == 1 and t.engine.policy_version == 1
     assert t.engine.drafter.version == 1
     t.engine.policy_version = 0  # a stale engine must be caught, not silently trained on
@@ -211,3 +214,42 @@ def test_bad_task_files_fail_before_any_model_is_loaded(tmp_path, capsys):
     assert "t.jsonl:2: not valid JSON" in _err(capsys)
     assert main(["train", "--preset", "tiny", "--set", "data.task=/no/such.jsonl"]) == 2
     assert "existing file" in _err(capsys)
+
+
+@pytest.mark.parametrize("overrides", [(), ("loss.kl_coef=0.05", "loss.token_level=false")])
+def test_a_learner_step_emits_no_warnings(tiny_setup, tmp_path, overrides):
+    """Statistics are read from detached tensors: no 'requires_grad ... to a scalar'."""
+    import warnings
+
+    t = _trainer(tiny_setup, tmp_path, *overrides)
+    results = t.engine.generate(t._requests(t.problems(0), 2, base_seed=5))
+    batch = t._batch(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
+    old = t.learner.logprobs(batch) - 0.05
+    t.learner.decoupled = True  # the async path reads behaviour weights too
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = t.learner.train(batch, old, ref_logp=old + 0.01)
+    assert stats["policy_loss"] == stats["policy_loss"] and stats["grad_norm"] > 0
+    if overrides:
+        assert stats["kl"] > 0
+
+
+def test_logprob_tolerance_bounds_log_softmax_under_logit_error():
+    """|d log_softmax(z / T)| <= 2 eps / T whenever |d z| <= eps, and the bound is tight."""
+    from specroll.rl.mismatch import EPS_LOGIT, logprob_tolerance
+
+    g = torch.Generator().manual_seed(0)
+    eps = 1e-3
+    for T in (1.0, 0.7, 0.45):
+        z = torch.randn(64, 500, generator=g, dtype=torch.float64) * 5
+        dz = (torch.rand(64, 500, generator=g, dtype=torch.float64) * 2 - 1) * eps
+        d = ((z + dz) / T).log_softmax(-1) - (z / T).log_softmax(-1)
+        assert d.abs().max() <= logprob_tolerance(T, eps)
+        # worst case: one token up by eps, all others down, on a flat distribution
+        flat = torch.zeros(1, 10_000, dtype=torch.float64)
+        worst = torch.full_like(flat, -eps)
+        worst[0, 0] = eps
+        gap = ((flat + worst) / T).log_softmax(-1)[0, 0] - (flat / T).log_softmax(-1)[0, 0]
+        assert gap >= 0.99 * logprob_tolerance(T, eps)
+    assert logprob_tolerance(0.0) == logprob_tolerance(1.0) == 2 * EPS_LOGIT  # greedy: T = 1
+    assert logprob_tolerance(0.45) == pytest.approx(2 * EPS_LOGIT / 0.45)

@@ -107,3 +107,57 @@ def test_greedy_rows_take_argmax_and_report_untempered_logprob():
     )
     assert ids[0] == logits[0].argmax() and ids[2] == logits[2].argmax()
     torch.testing.assert_close(lp[0], logits[0].log_softmax(-1)[ids[0]])
+
+
+def _row_params(settings: list[tuple[float, int, float]]):
+    t = torch.tensor([s[0] for s in settings])
+    k = torch.tensor([s[1] for s in settings], dtype=torch.long)
+    p = torch.tensor([s[2] for s in settings])
+    return t, k, p
+
+
+def test_top_p_one_is_off_beside_a_row_with_top_p_below_one():
+    """A far-tail token (p ~ 2e-9) keeps its mass: fp32 'mass before' rounds to 1.0 there,
+    so `before < top_p` alone would drop it for the top_p = 1 row once any row needs top-p."""
+    logits = torch.zeros(2, 12)
+    logits[:, 0] = 20.0
+    t, k, p = _row_params([(1.0, 0, 1.0), (1.0, 0, 0.9)])
+    alone = probs_from_logits(logits[:1], t[:1], k[:1], p[:1])
+    assert (alone[0, 1:] > 1e-9).all()
+    batched = probs_from_logits(logits, t, k, p)
+    assert torch.equal(batched[0], alone[0])
+
+
+# (temperature, top_k, top_p) rows that must not influence each other
+MIXED_ROWS = [
+    (1.0, 0, 1.0),
+    (0.7, 0, 1.0),
+    (1.0, 5, 1.0),
+    (1.0, 0, 0.9),
+    (0.45, 8, 0.8),
+    (0.0, 0, 1.0),  # greedy: processed as T = 1
+    (1.5, 0, 0.95),
+    (1.0, 200, 1.0),  # top_k above the vocabulary: off
+    (2.0, 3, 0.5),
+]
+
+
+def test_a_rows_distribution_does_not_depend_on_its_batch_mates():
+    """Bit-identical processed probabilities alone, in a batch, and in a [B, n, V] batch."""
+    g = torch.Generator().manual_seed(5)
+    V = 64
+    logits = torch.randn(len(MIXED_ROWS), 3, V, generator=g) * 4
+    logits[:, :, 0] += 18.0  # a dominant token: tail masses near fp32 resolution
+    t, k, p = _row_params(MIXED_ROWS)
+    batched = probs_from_logits(logits, t, k, p)  # [B, 3, V]
+    for b in range(len(MIXED_ROWS)):
+        sl = slice(b, b + 1)
+        assert torch.equal(probs_from_logits(logits[sl], t[sl], k[sl], p[sl]), batched[sl])
+        for j in range(3):  # the 2-D path gives the same bits as the 3-D one
+            two_d = probs_from_logits(logits[sl, j], t[sl], k[sl], p[sl])
+            assert torch.equal(two_d[0], batched[b, j])
+        # and beside every other setting, one at a time
+        for o in range(len(MIXED_ROWS)):
+            pair = torch.tensor([b, o])
+            got = probs_from_logits(logits[pair, 0], t[pair], k[pair], p[pair])
+            assert torch.equal(got[0], batched[b, 0]), (MIXED_ROWS[b], MIXED_ROWS[o])

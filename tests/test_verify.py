@@ -167,3 +167,43 @@ def test_zero_probability_draft_is_never_accepted_even_at_u_zero():
         torch.full((1, 2), 0.5, dtype=torch.float64),
     )
     assert out.num_accepted.item() == 0 and out.tokens[0, 0].item() in (0, 1)
+
+
+def test_a_rows_verification_does_not_depend_on_its_batch_mates():
+    """Same tokens, acceptances and log-probs for a row verified alone or in a mixed batch.
+
+    Row 0 drafts a far-tail token (p ~ 2e-9 at T = 1, top_p = 1) with a tiny acceptance
+    uniform: it is accepted alone, and must still be beside rows that use top-k / top-p.
+    """
+    from tests.test_sampling import MIXED_ROWS, _row_params
+
+    B, K, Vv = len(MIXED_ROWS), 3, 12
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(B, K + 1, Vv, generator=g) * 3
+    logits[0] = 0.0
+    logits[0, :, 0] = 20.0
+    t, k, p = _row_params(MIXED_ROWS)
+    q = probs_from_logits(logits[:, :K] + torch.randn(B, K, Vv, generator=g), t, k, p)
+    seeds = torch.arange(B)
+    drafts = torch.stack(
+        [sample_from_probs(q[:, i], rng.uniforms(seeds, torch.full((B,), i))) for i in range(K)], 1
+    )
+    drafts[0] = 1
+    num_draft = torch.arange(B) % (K + 1)
+    num_draft[0] = 1
+    u_acc = rng.uniforms(seeds, torch.arange(K).expand(B, -1), rng.ACCEPT)
+    u_acc[0] = 1e-10
+    u_smp = rng.uniforms(seeds, torch.arange(K + 1).expand(B, -1))
+    for probs in (q, None):
+        out = V.verify(logits, drafts, num_draft, probs, t, k, p, u_acc, u_smp)
+        for b in range(B):
+            s = slice(b, b + 1)
+            one = V.verify(
+                logits[s], drafts[s], num_draft[s], None if probs is None else probs[s],
+                t[s], k[s], p[s], u_acc[s], u_smp[s],
+            )  # fmt: skip
+            assert torch.equal(one.tokens, out.tokens[s]), MIXED_ROWS[b]
+            assert torch.equal(one.accepted, out.accepted[s])
+            assert torch.equal(one.logprobs, out.logprobs[s])
+        if probs is None:
+            assert out.num_accepted[0] == 1  # the far-tail draft survived the batch

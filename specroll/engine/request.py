@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specroll.spec.metrics import SpecStats
+from specroll.spec.rng import check_seed
 
 
 @dataclass
@@ -22,7 +23,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | None = None
     """Ids that end the request (included in the output); None = the model's EOS ids."""
     seed: int | None = None
-    """Per-request seed; None = drawn from the engine's seed in submission order."""
+    """Per-request seed, an integer in [0, 2**62); None = drawn from the engine's seed in
+    submission order. Distinct seeds never share a random stream (see spec.rng)."""
     max_draft: int | None = None
     """Most draft tokens per speculative iteration for this request (0 = never speculate);
     None = whatever the engine's depth policy chooses."""
@@ -38,6 +40,8 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_draft is not None and self.max_draft < 0:
             raise ValueError(f"max_draft must be >= 0 or None, got {self.max_draft}")
+        if self.seed is not None:
+            self.seed = check_seed(self.seed)
         if self.stop_token_ids is not None:
             self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
 

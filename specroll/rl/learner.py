@@ -177,19 +177,19 @@ class Learner:
             if self.lcfg.kl_coef > 0 and ref_logp is not None:
                 kl = L.kl_k3(logp, ref_logp[rows, :W])
                 per_tok = per_tok + self.lcfg.kl_coef * kl
-                acc["kl"] += float((kl * mask).sum()) / n_tokens
+                acc["kl"] += float((kl.detach() * mask).sum()) / n_tokens  # a statistic only
             m = mask.float()
             if self.lcfg.token_level:  # this micro-batch's share of the update's token mean
                 loss = (per_tok * m).sum() / n_tokens
             else:
                 loss = ((per_tok * m).sum(-1) / m.sum(-1).clamp(min=1)).sum() / n_seqs
-            acc["policy_loss"] += loss.item()
-            acc["clip_frac"] += float((clipped * m).sum()) / n_tokens
+            acc["policy_loss"] += loss.detach().item()
+            acc["clip_frac"] += float((clipped.detach() * m).sum()) / n_tokens
             total = loss
             if self.draft is not None:
                 dl, dm = self._draft_loss(b, out)
                 total = total + self.dcfg.weight * dl * (len(idx) / n_seqs)
-                acc["draft_loss"] += dl.item() * len(idx) / n_seqs
+                acc["draft_loss"] += dl.detach().item() * len(idx) / n_seqs
                 draft_acc.append(dm["accept"])
             total.backward()
         acc["grad_norm"] = float(

@@ -36,22 +36,28 @@ def truncate(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch
 
     x: [B, V] or [B, n, V]; top_k: [B] int (0 = off); top_p: [B] in (0, 1] (1 = off).
     Returns `x` itself when neither is active in any row.
+
+    Each row is processed as if it were alone: a row whose top-k / top-p is off keeps
+    every token even when a batch-mate's setting makes the batch take the masking path.
+    (Without that, a top_p = 1 row would run `before < 1` and lose its far tail, whose
+    fp32 "mass before" rounds to exactly 1.0; a request's distribution would then depend
+    on who shares its batch.) Ties are ordered by token id (stable sort), so the kept set
+    is a function of the row alone.
     """
-    extra = x.dim() - 2
     V = x.shape[-1]
-    need_k = bool((top_k > 0).any()) and bool((top_k < V).any())
-    need_p = bool((top_p < 1).any())
-    if not (need_k or need_p):
+    per_row = (-1, *[1] * (x.dim() - 1))  # [B] -> broadcastable over [B, (n,) V]
+    k_on = (top_k > 0) & (top_k < V)  # [B]
+    p_on = top_p < 1  # [B]
+    if not bool((k_on | p_on).any()):
         return x
-    sorted_x, order = x.sort(dim=-1, descending=True)  # [..., V]
-    keep = torch.ones_like(sorted_x, dtype=torch.bool)
-    if need_k:
-        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V)).view(-1, *[1] * (extra + 1))
-        keep &= torch.arange(V, device=x.device) < k
-    if need_p:
+    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)  # [..., V]
+    rank = torch.arange(V, device=x.device)  # [V]
+    keep = ~k_on.view(per_row) | (rank < top_k.view(per_row))  # [B, (1,) V], sorted order
+    keep = keep.expand_as(sorted_x).clone()  # [..., V]
+    if bool(p_on.any()):
         probs = sorted_x.masked_fill(~keep, NEG_INF).softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
-        keep &= before < top_p.float().view(-1, *[1] * (extra + 1))
+        keep = keep & (~p_on.view(per_row) | (before < top_p.float().view(per_row)))
     keep[..., 0] = True  # the most likely token always survives
     mask = torch.zeros_like(keep).scatter(-1, order, keep)
     return x.masked_fill(~mask, NEG_INF)
