@@ -36,6 +36,7 @@ from specroll.rl import checkpoint, rundir
 from specroll.rl import loss as L
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch
+from specroll.rl.mismatch import logprob_tolerance
 from specroll.rl.rollout import LocalRollout, Pending
 from specroll.rl.tasks.arithmetic import Problem
 from specroll.rl.tasks.reward import math_reward
@@ -271,6 +272,13 @@ class Trainer:
                 float(((old - batch.behaviour_logp).abs() * mask).max()) if fresh.any() else None
             )
             t["logprob"] = time.perf_counter() - t0
+            bound = logprob_tolerance(cfg.rollout.temperature)
+            worst = metrics["logprob_mismatch_max"]
+            if worst is not None and worst > bound:
+                self.log(
+                    f"warning: step {s + 1}: engine vs learner log-probs differ by {worst:.2e}, "
+                    f"above the stated bound {bound:.2e} (rl.mismatch): check weights and dtype"
+                )
             self._check_stop()
             t0 = time.perf_counter()
             metrics.update(self.host.train(batch, old, ref))
