@@ -422,8 +422,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     )
     if plan.action == "finished":
         console.print(
-            f"{cfg.pipeline.out_dir}: this run finished at step {plan.step} "
-            f"(pipeline.steps={cfg.pipeline.steps}); nothing to do. Raise --steps to continue it.",
+            plan.finished_message(cfg.pipeline.out_dir, cfg.pipeline.steps),
             markup=False,
             highlight=False,
         )

@@ -391,11 +391,7 @@ class Trainer:
         cfg = self.cfg
         plan = rundir.check(self.out, cfg.to_dict(), cfg.pipeline.steps, resume, overwrite)
         if plan.action == "finished":
-            self.log(
-                f"{self.out}: this run finished at step {plan.step} "
-                f"(pipeline.steps={cfg.pipeline.steps}); nothing to do. Raise --steps to "
-                "continue it."
-            )
+            self.log(plan.finished_message(self.out, cfg.pipeline.steps))
             return []
         self.run_id = rundir.start(self.out, cfg.to_dict(), plan)
         metrics_path = self.out / "metrics.jsonl"

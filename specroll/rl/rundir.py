@@ -59,6 +59,13 @@ class Plan:
     step: int = 0
     """Its step."""
 
+    def finished_message(self, out: str | Path, steps: int) -> str:
+        """What to tell a user who resumes a run that has already finished."""
+        return (
+            f"{out}: this run finished at step {self.step} (pipeline.steps={steps}); "
+            "nothing to do. Raise --steps to continue it."
+        )
+
 
 def _read_json(path: Path) -> dict:
     try:
