@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -23,17 +25,18 @@ def test_expected_tokens_and_online_acceptance():
 def test_adaptive_picks_deep_when_verification_is_free_and_zero_when_it_is_not():
     cheap = CostModel(fixed=0.01, per_token=1e-6, knee=64, draft_step=1e-4)
     hi = AdaptiveDepth(cheap, k_max=5, prior=0.8)
-    assert hi.choose(1) == 5
+    assert hi.best(1) == 5
     costly = CostModel(fixed=0.0, per_token=0.01, knee=1, draft_step=1e-3)  # linear in tokens
-    assert AdaptiveDepth(costly, k_max=5, prior=0.8).choose(8) == 0
+    assert AdaptiveDepth(costly, k_max=5, prior=0.8).best(8) == 0
     # a draft that is never accepted switches speculation off (drafting costs 20%)
     d = AdaptiveDepth(CostModel(fixed=0.01, draft_step=2e-3), k_max=5, prior=0.8, decay=1.0)
-    assert d.choose(1) >= 3  # before any evidence: the prior says drafting pays
+    assert d.best(1) >= 3  # before any evidence: the prior says drafting pays
     for _ in range(50):
         d.observe(torch.full((4,), 5), torch.zeros(4, 5, dtype=torch.bool))
-    assert d.choose(1) == 0
+    assert d.best(1) == 0
 
 
+@pytest.mark.filterwarnings("ignore:the hardware profile disagrees")
 def test_adaptive_depth_never_changes_the_samples(tiny_model):
     from specroll.drafters.ngram import NgramDrafter
 
@@ -68,10 +71,10 @@ def test_cost_model_fit_recovers_known_coefficients(tmp_path):
         CostModel.load(tmp_path / "missing.json")
 
 
-def test_cached_profile_is_measured_once_and_remeasured_when_stale(
-    tiny_model, tmp_path, monkeypatch
-):
-    from specroll.drafters.ngram import NgramDrafter
+@pytest.fixture
+def measured(tmp_path, monkeypatch):
+    """`specroll.sim.profile` with profiling replaced by a counter (profile n has
+    fixed = n ms, per_token 0.1 ms) and its cache under tmp_path; yields (module, calls)."""
     from specroll.sim import profile as P
 
     monkeypatch.setenv("SPECROLL_HOME", str(tmp_path))
@@ -79,9 +82,18 @@ def test_cached_profile_is_measured_once_and_remeasured_when_stale(
 
     def fake(model, drafter, prompts, **kw):
         calls.append(1)
-        return CostModel(fixed=len(calls) * 1e-3, meta={"format": P.FORMAT})
+        return CostModel(fixed=len(calls) * 1e-3, per_token=1e-4, meta={"format": P.FORMAT})
 
     monkeypatch.setattr(P, "profile", fake)
+    return P, calls
+
+
+def test_cached_profile_is_measured_once_and_remeasured_when_stale(
+    tiny_model, tmp_path, measured
+):
+    from specroll.drafters.ngram import NgramDrafter
+
+    P, calls = measured
     d = NgramDrafter()
     first = P.cached_profile(tiny_model, d, [[1, 2, 3]], log=lambda m: None)
     again = P.cached_profile(tiny_model, d, [[1, 2, 3]], log=lambda m: None)
@@ -96,17 +108,263 @@ def test_cached_profile_is_measured_once_and_remeasured_when_stale(
     assert given.fixed == 2e-3
 
 
+def step(d: AdaptiveDepth, B: int, ctx: float = 0.0) -> int:
+    """One engine iteration on a machine the profile describes exactly."""
+    k = d.choose(B, ctx)
+    d.observe_time(B, k, ctx, d.cost.iteration(B, k, ctx))
+    return k
+
+
 def test_adaptive_probes_again_after_an_unlucky_start():
     """A few early rejections push the estimate below break-even; without evidence the
     counts relax to the prior, so drafting is tried again (and then kept, if it pays)."""
     cm = CostModel(fixed=0.01, per_token=1e-3, knee=1, draft_step=1e-3)  # k=1 pays if a > 0.2
     d = AdaptiveDepth(cm, k_max=1, prior=0.5, prior_weight=4.0, decay=0.95)
-    assert d.choose(1) == 1  # the prior says drafting pays
+    assert [step(d, 1), step(d, 1)] == [0, 1]  # plain measured first; the prior says draft
     for _ in range(20):  # unlucky: a run of rejected drafts
         d.observe(torch.ones(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.bool))
-    assert d.choose(1) == 0
-    waited = next(i for i in range(200) if d.choose(1) == 1)
-    assert 0 < waited < 100
+    assert step(d, 1) == 0
+    waited = next(i for i in range(200) if step(d, 1) == 1)
+    assert 0 < waited < 60
     costly = CostModel(fixed=0.0, per_token=0.01, knee=1, draft_step=1e-3)
     e = AdaptiveDepth(costly, k_max=3, prior=0.5)
-    assert all(e.choose(32) == 0 for _ in range(300))  # no probing where it cannot pay
+    picks = [step(e, 32) for _ in range(300)]  # no probing where it cannot pay ...
+    assert picks.count(1) == 1 and picks.count(0) == 299  # ... but one, of depth 1
+
+
+# ---------------------------------------------------------------- online calibration
+#
+# A rollout simulated in pure Python: a synthetic "true" machine (a CostModel used as the
+# ground truth, with multiplicative noise), a drafter accepting each position with
+# probability `alpha`, requests of varied lengths on `max_batch` slots (finished rows are
+# replaced from the queue, then the batch drains: the long tail). The policy under test
+# is given a deliberately wrong profile and sees only what the engine would show it.
+
+# a 2-core-CPU-like machine: flat below 16 tokens (memory bound), linear above
+TRUE = CostModel(
+    fixed=5e-3,
+    per_token=6e-4,
+    knee=16,
+    kv=2e-8,
+    draft_fixed=5e-4,
+    draft_step=1.5e-3,
+    draft_step_per_row=5e-5,
+    overhead_fixed=3e-4,
+    overhead_per_token=1e-5,
+)
+
+
+def wrong(cm: CostModel, **scale: float) -> CostModel:
+    """`cm` with some coefficients multiplied (a deliberately wrong profile)."""
+    return CostModel(
+        **{
+            f: getattr(cm, f) * scale.get(f, 1.0)
+            for f in (
+                "fixed",
+                "per_token",
+                "kv",
+                "attn",
+                "draft_fixed",
+                "draft_per_row",
+                "draft_step",
+                "draft_step_per_row",
+                "overhead_fixed",
+                "overhead_per_token",
+            )
+        },
+        knee=cm.knee,
+    )
+
+
+class Oracle:
+    """Best k per iteration from the true cost and the true acceptance."""
+
+    def __init__(self, true: CostModel, alpha: float, k_max: int = 7) -> None:
+        self.d = AdaptiveDepth(true, k_max, prior=alpha, prior_weight=1e12, decay=1.0)
+        self.k_max = k_max
+
+    def choose(self, B, ctx=0.0):
+        return self.d.best(B, ctx)
+
+    def observe(self, *a):
+        pass
+
+    def observe_time(self, *a):
+        pass
+
+
+def rollout(policy, true, alpha, steps=3, n=64, max_batch=32, new=128, noise=0.05, seed=0):
+    """[steps] (tokens, seconds) of simulated rollouts sharing one policy (as RL steps do)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for step in range(steps):
+        # response lengths (the same for every policy): a third hit the budget
+        gl = torch.Generator().manual_seed(seed * 1000 + step)
+        gn = torch.Generator().manual_seed(seed * 1000 + step + 500)  # timing noise
+        lengths = torch.where(
+            torch.rand(n, generator=gl) < 0.33, new, torch.randint(16, new, (n,), generator=gl)
+        ).tolist()
+        queue, rows, tokens, seconds = list(lengths), [], 0, 0.0
+        while queue or rows:
+            while queue and len(rows) < max_batch:
+                rows.append([queue.pop(), 40])  # [tokens left, context]
+            B = len(rows)
+            ctx = sum(r[1] for r in rows) / B
+            k = policy.choose(B, ctx)
+            t = true.iteration(B, k, ctx) * math.exp(noise * float(torch.randn(1, generator=gn)))
+            acc = torch.zeros(B, k, dtype=torch.bool)
+            if k:
+                acc = torch.cumprod((torch.rand(B, k, generator=g) < alpha).long(), 1).bool()
+                policy.observe(torch.full((B,), k), acc)
+            policy.observe_time(B, k, ctx, t)
+            seconds += t
+            for r, a in zip(rows, acc.sum(1).tolist(), strict=True):
+                e = min(1 + a, r[0])
+                r[0] -= e
+                r[1] += e
+                tokens += e
+            rows = [r for r in rows if r[0] > 0]
+        out.append((tokens, seconds))
+    return out
+
+
+def speed(runs, skip=0):
+    """Tokens per second over the runs (after `skip` warm-up runs)."""
+    return sum(t for t, _ in runs[skip:]) / sum(s for _, s in runs[skip:])
+
+
+PLAIN = FixedDepth(0)
+
+
+@pytest.mark.filterwarnings("ignore:the hardware profile disagrees")
+@pytest.mark.parametrize(
+    "profile",
+    [
+        dict(draft_fixed=0.1, draft_step=0.1, draft_step_per_row=0.1, per_token=0.2),
+        dict(fixed=10.0),  # plain decoding looks 10x dearer: verification looks free
+        dict(per_token=0.1, kv=0.1),  # "measured at batch 1 only"
+    ],
+    ids=["draft-and-tokens-cheap", "fixed-10x", "flat"],
+)
+def test_wrong_profile_never_loses_when_drafting_does_not_pay(profile):
+    """A weak drafter (alpha 0.08): plain decoding is best at every batch size. A profile
+    that says drafting pays must not make adaptive depth slower than plain decoding."""
+    alpha = 0.08
+    assert all(Oracle(TRUE, alpha).choose(B, 100.0) == 0 for B in (1, 2, 4, 8, 16, 32))
+    naive = AdaptiveDepth(wrong(TRUE, **profile), k_max=7)
+    assert max(naive.best(B, 100.0) for B in (1, 4, 32)) > 0  # the profile is misleading
+    plain = rollout(PLAIN, TRUE, alpha)
+    runs = rollout(AdaptiveDepth(wrong(TRUE, **profile), k_max=7), TRUE, alpha)
+    assert speed(runs[:1]) >= 0.98 * speed(plain[:1])  # the first rollout: exploration
+    assert speed(runs, skip=1) >= 0.99 * speed(plain, skip=1)
+
+
+@pytest.mark.filterwarnings("ignore:the hardware profile disagrees")
+@pytest.mark.parametrize(
+    "profile",
+    [
+        dict(draft_fixed=0.1, draft_step=0.1, draft_step_per_row=0.1, per_token=0.2),
+        dict(fixed=10.0),
+        dict(draft_fixed=10.0, draft_step=10.0, draft_step_per_row=10.0),  # drafting "dear"
+        dict(fixed=0.3, per_token=3.0),  # everything measured on a busier machine, skewed
+    ],
+    ids=["draft-and-tokens-cheap", "fixed-10x", "draft-10x-dear", "skewed"],
+)
+def test_wrong_profile_converges_to_the_best_depths(profile):
+    """A good drafter (alpha 0.7): speculation pays in small batches, loses in large
+    ones. Whatever the profile, the policy ends up choosing (nearly) the true best k and
+    keeps most of the oracle's gain."""
+    alpha = 0.7
+    oracle = Oracle(TRUE, alpha)
+    assert oracle.choose(1, 100.0) >= 3 and oracle.choose(32, 100.0) == 0
+    plain, best = rollout(PLAIN, TRUE, alpha), rollout(oracle, TRUE, alpha)
+    d = AdaptiveDepth(wrong(TRUE, **profile), k_max=7)
+    runs = rollout(d, TRUE, alpha)
+    assert speed(runs[:1]) >= speed(plain[:1])
+    gain, most = speed(runs, skip=1) / speed(plain, skip=1), speed(best, skip=1) / speed(plain, 1)
+    assert most > 1.04 and gain - 1 >= 0.8 * (most - 1)
+    # the learnt times pick what the truth picks at the ends of the batch range
+    d.choose(32, 100.0)  # (the next choice at 32 may be a scheduled probe)
+    assert d.rates(32, 100.0)[0] == max(d.rates(32, 100.0))
+    r1 = d.rates(1, 100.0)
+    k1 = max(range(8), key=r1.__getitem__)
+    assert k1 > 0 and r1[k1] >= 1.3 * r1[0]
+
+
+def test_time_calibration_is_measured_per_batch_octave():
+    cm = CostModel(fixed=1e-2, per_token=1e-3, knee=4, draft_step=1e-3)
+    d = AdaptiveDepth(cm, k_max=4)
+    assert [AdaptiveDepth.octave(B) for B in (1, 2, 3, 4, 7, 8, 32)] == [0, 1, 1, 2, 2, 3, 5]
+    assert d.corrections(8) == [0.0] * 5  # nothing measured: the profile as it is
+    for _ in range(5):
+        d.observe_time(8, 0, 0.0, 2 * cm.iteration(8, 0, 0.0))  # twice the profile
+        d.observe_time(9, 2, 0.0, 4 * cm.iteration(9, 2, 0.0))  # four times at k = 2
+    c = d.corrections(12)
+    assert c[0] == pytest.approx(math.log(2)) and c[2] == pytest.approx(math.log(4))
+    assert c[1] == pytest.approx(math.log(2) + math.log(2) / 2)  # interpolated in k
+    assert c[4] == pytest.approx(math.log(4))  # deeper: like the deepest measured ...
+    t = d.times(12)  # ... or the measured times' slope, whichever is lower
+    pred = [cm.iteration(12, k, 0.0) for k in range(5)]
+    slope = (4 * pred[2] - 2 * pred[0]) / 2
+    assert t[3] == pytest.approx(min(4 * pred[3], 4 * pred[2] + slope))
+    # another octave: its own plain time, the relative cost of drafting borrowed, shrunk
+    d.observe_time(2, 0, 0.0, cm.iteration(2, 0, 0.0))
+    c2 = d.corrections(2)
+    assert c2[0] == pytest.approx(0.0)
+    assert c2[2] == pytest.approx(math.log(2) * d.borrow**2)
+    # outliers: the median of the window
+    d.observe_time(8, 0, 0.0, 50 * cm.iteration(8, 0, 0.0))
+    assert d.corrections(8)[0] == pytest.approx(math.log(2))
+    assert set(d.calibration()) == {"B8-15", "B2-3"}
+
+
+def test_exploration_is_deterministic_and_cheap():
+    """Plain decoding runs once per octave before speculating there (and every `refresh`
+    iterations), depths are tried one step deeper at a time, and two policies fed the
+    same observations choose alike (no RNG)."""
+    cheap = CostModel(fixed=1e-2, per_token=1e-5, knee=64, draft_step=1e-4)
+    assert AdaptiveDepth(cheap, k_max=3).best(1) == 3
+    d = AdaptiveDepth(cheap, k_max=3, refresh=10)
+    picks = [step(d, 1) for _ in range(40)]
+    assert picks[:4] == [0, 1, 2, 3]
+    assert picks.count(0) == 4 and picks.count(3) > 30  # plain: first, then every ~10
+    e = AdaptiveDepth(cheap, k_max=3, refresh=10)
+    assert [step(e, 1) for _ in range(40)] == picks
+
+
+def test_undrafted_positions_count_as_rejected():
+    """An n-gram drafter that finds no match drafts nothing, yet the target verifies k+1
+    columns: tau(k) must include those rows as rejections."""
+    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=2, prior_weight=1e-9)
+    acc = torch.tensor([[1, 1], [0, 0]], dtype=torch.bool)
+    d.observe(torch.tensor([2, 0]), acc)  # row 1 drafted nothing
+    assert d.alphas().tolist() == pytest.approx([0.5, 1.0])
+
+
+def test_profile_that_disagrees_with_measured_times_is_marked_stale(
+    tiny_model, tmp_path, measured
+):
+    from specroll.drafters.ngram import NgramDrafter
+
+    P, calls = measured
+    cm = P.cached_profile(tiny_model, NgramDrafter(), [[1]], log=lambda m: None)
+    d = AdaptiveDepth(cm, k_max=3, check_after=8)
+    for i in range(7):  # within the band: nothing happens
+        d.observe_time(4, i % 2, 50.0, 1.2 * cm.iteration(4, i % 2, 50.0))
+    d.observe_time(4, 0, 50.0, 1.2 * cm.iteration(4, 0, 50.0))
+    assert d.disagreement is None
+    assert len(calls) == 1 and P.cached_profile(tiny_model, NgramDrafter(), [[1]]) == cm
+
+    cm = P.cached_profile(tiny_model, NgramDrafter(), [[1]], log=lambda m: None)
+    d = AdaptiveDepth(cm, k_max=3, check_after=8)
+    with pytest.warns(RuntimeWarning, match="disagrees"):
+        for _ in range(8):  # plain decoding 3x slower than the profile says
+            d.observe_time(4, 0, 50.0, 3 * cm.iteration(4, 0, 50.0))
+    assert d.disagreement["all"] == pytest.approx(3.0)
+    logs = []
+    P.cached_profile(tiny_model, NgramDrafter(), [[1]], log=logs.append)
+    assert len(calls) == 2 and any("disagreed" in m for m in logs)
+    # a profile the user gave is never rewritten
+    (path,) = (tmp_path / "profiles").iterdir()
+    given = P.cached_profile(tiny_model, NgramDrafter(), [], path=str(path))
+    assert not given.mark_stale("x") and "stale" not in CostModel.load(path).meta

@@ -8,12 +8,21 @@ was accepted.
 
 * `FixedDepth`: k while the active batch is at most `max_batch`, else 0.
 * `AdaptiveDepth`: each iteration the k in 0..k_max that maximises expected emitted
-  tokens per second, from a fitted cost model (`specroll.sim.costmodel`) and running
-  per-position acceptance estimates that follow the policy and draft as they change.
+  tokens per second, from a fitted cost model (`specroll.sim.costmodel`) calibrated
+  online on the iteration times the engine measures, and running per-position
+  acceptance estimates that follow the policy and draft as they change.
+
+The engine calls, per decode/verify iteration, `choose(B, ctx)`, then `observe(num_draft,
+accepted)` after verification (when it drafted) and `observe_time(B, k, ctx, seconds)`
+with the iteration's wall time.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+import warnings
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -44,22 +53,62 @@ class FixedDepth:
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
         pass
 
+    def observe_time(self, batch_size: int, k: int, ctx: float, seconds: float) -> None:
+        pass
+
 
 @dataclass
 class AdaptiveDepth:
-    """argmax_k B * tau(k) / time(B, k, ctx), with tau from online acceptance estimates.
+    """argmax_k B * tau(k) / time(B, k, ctx), with tau from online acceptance estimates and
+    time from the cost model corrected by the iteration times actually measured.
 
-    tau(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j, where alpha_j is the probability that
-    draft token j is accepted given tokens 1..j-1 were. Each alpha_j is a ratio of
-    exponentially decayed counts (accepted at j / reached j) with a prior of
-    `prior_weight` pseudo-drafts at `prior`. k = 0 whenever no depth beats plain decoding.
+    **Acceptance.** tau(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j, where alpha_j is the
+    probability that draft token j is accepted given tokens 1..j-1 were. Each alpha_j is
+    a ratio of exponentially decayed counts (accepted at j / reached j) with a prior of
+    `prior_weight` pseudo-drafts at `prior`. A position the drafter left empty (an n-gram
+    without a match, a per-request cap) counts as reached and rejected: the target
+    verified that column anyway, so it is what k buys. k = 0 whenever no depth beats
+    plain decoding.
 
-    The counts decay every iteration, drafted or not: evidence is forgotten at the same
-    pace whether or not it is renewed, so estimates that a bad run pushed below the
-    break-even relax towards the prior and the policy probes again (without this, a few
-    early rejections at a marginal batch size switch drafting off for good — no more
-    drafts, no more evidence). Where drafting clearly loses (large batches on a CPU) even
-    the prior does not pay, so probing costs nothing there.
+    The counts decay with every drafting iteration (tracking a changing policy and
+    draft), and an estimate below the prior also decays with every plain one: estimates
+    that a bad run pushed below the break-even relax towards the prior and the policy
+    probes again (without this, a few early rejections at a marginal batch size switch
+    drafting off for good — no more drafts, no more evidence). A good estimate is kept
+    through a plain stretch (the large-batch part of a rollout), so the next tail starts
+    from what the last one measured rather than from the prior; if it has become too
+    optimistic, the first drafts correct it. Where drafting clearly loses (large batches
+    on a CPU) even the prior does not pay, so probing costs nothing there.
+
+    **Time.** A profile can be wrong by any factor (measured on a busy machine, another
+    thread count, stale), and a wrong one alone would keep the policy in a losing k. So
+    every iteration's wall time is compared with the profile's prediction, and the ratio
+    measured / predicted is kept per (k, batch-size octave) as the median of its last
+    `window` iterations; time(B, k, ctx) = profile(B, k, ctx) x that ratio. Once plain
+    decoding and a depth have both run at a batch size, the choice between them rests
+    on measured times (the profile only interpolates within an octave and across
+    contexts); a depth not yet run there borrows its ratio from depths run there
+    (interpolated in k; beyond the deepest one measured, not more optimistic than it or
+    than the nearest octave's, shrunk by `borrow` per octave, unless the measured times'
+    slope in k says it is cheaper: see `times`).
+
+    Exploration is deterministic and cheap: before speculating at a batch octave where
+    plain decoding has not run (or not in the last `refresh` iterations there), run one
+    plain iteration; go at most one deeper than the deepest depth run at the octave (the
+    first probe of a large batch costs 2x a plain iteration, not 8x; where speculation
+    pays, the steps up pay too); while decoding plainly, step towards the best depth once
+    at each octave whatever the profile predicts (a profile that overrates drafting costs
+    must not switch speculation off for good), then every `refresh` iterations only if it
+    is predicted within `probe_margin` of plain decoding; likewise, the depths next to
+    the chosen one are measured every `refresh` iterations when predicted within
+    `probe_margin` of it. `best` is the choice without exploration. Nothing is random, and
+    depth choices never change the distribution of the samples (verification is exact).
+
+    **Stale profiles.** After its first `check_after` iterations the policy compares the
+    profile with the measurements (median ratio overall and per k); outside `stale_band`
+    it warns and calls the cost model's `mark_stale` (a cached profile is then measured
+    again by the next run; see `specroll.sim.profile.cached_profile`). The online
+    correction keeps the current run safe in the meantime.
     """
 
     cost: object
@@ -71,37 +120,78 @@ class AdaptiveDepth:
     prior_weight: float = 4.0
     """Pseudo-count of the prior."""
     decay: float = 0.98
-    """Per-iteration decay of the counts (tracks a changing policy / draft, and lets a
-    pessimistic estimate relax so that drafting is probed again)."""
-    reached: torch.Tensor = field(init=False, repr=False)
-    accepted: torch.Tensor = field(init=False, repr=False)
+    """Decay of the counts per drafting iteration (tracks a changing policy / draft) and,
+    for estimates below the prior, per plain one (so that drafting is probed again)."""
+    window: int = 16
+    """Measured/predicted time ratios kept per (k, batch octave); their median is used."""
+    refresh: int = 64
+    """Iterations at a batch octave after which an alternative's time is measured again."""
+    probe_margin: float = 0.9
+    """While decoding plainly, re-try the best depth only if predicted at least this
+    fraction of plain decoding's tokens/s."""
+    borrow: float = 0.5
+    """Weight per octave of distance of a time ratio borrowed from another batch octave."""
+    check_after: int = 48
+    """Iterations after which the profile is checked against the measurements."""
+    stale_band: tuple[float, float] = (0.67, 1.5)
+    """Median measured/predicted ratios outside this band mark the profile stale."""
+    disagreement: dict | None = field(init=False, default=None, repr=False)
+    """Set when the profile failed its check: the median ratios that failed it."""
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {self.k_max}")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
-        self.reached = torch.zeros(self.k_max, dtype=torch.float64)
-        self.accepted = torch.zeros(self.k_max, dtype=torch.float64)
+        if self.window < 1 or self.refresh < 1:
+            raise ValueError(f"window and refresh must be >= 1, got {self.window}, {self.refresh}")
+        # decayed counts per draft position (Python floats: this runs every iteration)
+        self._reached = [0.0] * self.k_max
+        self._accepted = [0.0] * self.k_max
+        self._ratios: dict[tuple[int, int], deque] = {}  # (octave, k) -> measured/predicted
+        self._logr: dict[tuple[int, int], float] = {}  # (octave, k) -> log median of those
+        self._seen: dict[tuple[int, int], int] = {}  # (octave, k) -> octave iteration
+        self._iters: dict[int, int] = {}  # octave -> iterations chosen there
+        self._first: list[tuple[int, float]] = []  # (k, ratio) of the first iterations
+        self._checked = False
+
+    # ------------------------------------------------------------------ acceptance
+
+    @property
+    def reached(self) -> torch.Tensor:
+        """[k_max] decayed count of rows that reached each draft position."""
+        return torch.tensor(self._reached, dtype=torch.float64)
+
+    @property
+    def accepted(self) -> torch.Tensor:
+        """[k_max] decayed count of rows whose draft was accepted at each position."""
+        return torch.tensor(self._accepted, dtype=torch.float64)
+
+    def _alphas(self) -> list[float]:
+        w, p = self.prior_weight, self.prior
+        return [(a + w * p) / (r + w) for a, r in zip(self._accepted, self._reached, strict=True)]
 
     def alphas(self) -> torch.Tensor:
         """[k_max] conditional acceptance estimates."""
-        w = self.prior_weight
-        return (self.accepted + w * self.prior) / (self.reached + w)
+        return torch.tensor(self._alphas(), dtype=torch.float64)
+
+    def _taus(self) -> list[float]:
+        taus, run = [1.0], 1.0
+        for a in self._alphas():
+            run *= a
+            taus.append(taus[-1] + run)
+        return taus
 
     def expected_tokens(self, k: int) -> float:
         """tau(k): tokens one row emits per iteration drafting k (incl. the bonus)."""
-        return 1.0 + float(torch.cumprod(self.alphas()[:k], 0).sum()) if k else 1.0
+        return self._taus()[min(k, self.k_max)]
 
-    def choose(self, batch_size: int, ctx: float = 0.0) -> int:
-        self.reached *= self.decay
-        self.accepted *= self.decay
-        B = batch_size
-        rates = [
-            B * self.expected_tokens(k) / self.cost.iteration(B, k, ctx)
-            for k in range(self.k_max + 1)
-        ]
-        return max(range(len(rates)), key=rates.__getitem__)
+    def _decay(self, below_prior: bool) -> None:
+        """Decay the counts of positions whose estimate is below (or not) the prior."""
+        for j, a in enumerate(self._alphas()):
+            if (a < self.prior) == below_prior:
+                self._reached[j] *= self.decay
+                self._accepted[j] *= self.decay
 
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
         """num_draft: [B] tokens drafted per row; accepted: [B, k] per-position accept flags
@@ -110,10 +200,181 @@ class AdaptiveDepth:
         if k == 0:
             return
         k = min(k, self.k_max)
-        pos = torch.arange(k)
-        drafted = (pos < num_draft.unsqueeze(1)).double()  # [B, k]
-        acc = accepted[:, :k].double() * drafted
-        # position j is *reached* when j was drafted and 0..j-1 were accepted
-        prev = torch.cat([torch.ones_like(acc[:, :1]), acc[:, :-1]], dim=1)
-        self.reached[:k] += (drafted * prev).sum(0)
-        self.accepted[:k] += acc.sum(0)
+        self._decay(below_prior=False)  # the others decayed in choose()
+        drafted = torch.arange(k) < num_draft.unsqueeze(1)  # [B, k]
+        acc = (accepted[:, :k] & drafted).sum(0).tolist()
+        # position j is *reached* when 0..j-1 were accepted (drafted or not: an empty
+        # position was verified all the same, and rejected)
+        reached = [accepted.shape[0], *acc[:-1]]
+        for j in range(k):
+            self._reached[j] += reached[j]
+            self._accepted[j] += acc[j]
+
+    # ------------------------------------------------------------------ time
+
+    @staticmethod
+    def octave(batch_size: int) -> int:
+        """Batch-size bucket: 1 | 2-3 | 4-7 | 8-15 | ..."""
+        return max(int(batch_size), 1).bit_length() - 1
+
+    def observe_time(self, batch_size: int, k: int, ctx: float, seconds: float) -> None:
+        """Wall time of one engine iteration over `batch_size` rows drafting k."""
+        pred = self.cost.iteration(batch_size, k, ctx)
+        if pred <= 0 or seconds <= 0 or not 0 <= k <= self.k_max:
+            return
+        key = (self.octave(batch_size), k)
+        ratios = self._ratios.get(key)
+        if ratios is None:
+            ratios = self._ratios[key] = deque(maxlen=self.window)
+        ratios.append(seconds / pred)
+        self._logr[key] = math.log(statistics.median(ratios))
+        self._seen[key] = self._iters.get(key[0], 0)
+        if not self._checked:
+            self._first.append((k, seconds / pred))
+            if len(self._first) >= self.check_after:
+                self._check_profile()
+
+    def _check_profile(self) -> None:
+        self._checked = True
+        lo, hi = self.stale_band
+        groups = {"all": [r for _, r in self._first]}
+        for k in sorted({k for k, _ in self._first}):
+            rs = [r for kk, r in self._first if kk == k]
+            if len(rs) >= 4:
+                groups[f"k={k}"] = rs
+        medians = {g: round(statistics.median(rs), 3) for g, rs in groups.items()}
+        bad = {g: m for g, m in medians.items() if not lo <= m <= hi}
+        if not bad:
+            return
+        self.disagreement = medians
+        where = self.cost.meta.get("cache_path", "") if hasattr(self.cost, "meta") else ""
+        mark = getattr(self.cost, "mark_stale", None)
+        reason = (
+            f"measured / predicted iteration time over the first {len(self._first)} "
+            f"iterations: {medians} (outside [{lo}, {hi}])"
+        )
+        if mark is not None:
+            mark(reason)
+        warnings.warn(
+            f"the hardware profile disagrees with this run's iteration times: {reason}; "
+            "adaptive depth corrects it online"
+            + (f"; {where} will be measured again by the next run" if where else ""),
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _relative(self, b: int) -> list[float | None] | None:
+        """[k_max + 1] log(ratio at k / ratio at 0) in octave b from its own measurements,
+        interpolated in k between measured depths, None beyond the deepest; None without
+        plain decoding and a depth measured there."""
+        logr = self._logr
+        e0 = logr.get((b, 0))
+        if e0 is None:
+            return None
+        known = [(j, logr[b, j] - e0) for j in range(self.k_max + 1) if (b, j) in logr]
+        if len(known) < 2:
+            return None
+        out: list[float | None] = [None] * (self.k_max + 1)
+        for (lo, dlo), (hi, dhi) in zip(known, known[1:], strict=False):
+            for k in range(lo, hi + 1):
+                out[k] = dlo + (dhi - dlo) * (k - lo) / (hi - lo)
+        return out
+
+    def corrections(self, batch_size: int) -> list[float]:
+        """[k_max + 1] log(measured / predicted) time ratios used at this batch size."""
+        b = self.octave(batch_size)
+        logr = self._logr
+        own = [logr.get((b, k)) for k in range(self.k_max + 1)]
+        if all(v is not None for v in own):
+            return own
+        octaves = sorted({o for o, _ in logr}, key=lambda o: (abs(o - b), o))
+        e0 = next((logr[o, 0] for o in octaves if (o, 0) in logr), 0.0)
+        rel = self._relative(b)
+        deepest = None  # relative ratio of the deepest depth measured here
+        if rel is not None:
+            deepest = next(v for v in reversed(rel) if v is not None)
+        other = next(  # the nearest other octave with plain and a depth measured
+            ((o, r) for o in octaves if o != b and (r := self._relative(o)) is not None),
+            None,
+        )
+        out = []
+        for k in range(self.k_max + 1):
+            if own[k] is not None:
+                out.append(own[k])
+                continue
+            if rel is not None and rel[k] is not None:
+                out.append(e0 + rel[k])
+                continue
+            cands = [] if deepest is None else [deepest]
+            if other is not None:
+                o, r = other
+                v = r[k] if r[k] is not None else next(x for x in reversed(r) if x is not None)
+                cands.append(v * self.borrow ** abs(o - b))
+            # beyond the deepest depth measured here: not more optimistic than it
+            out.append(e0 + (max(cands) if cands else 0.0))
+        return out
+
+    def times(self, batch_size: int, ctx: float = 0.0) -> list[float]:
+        """[k_max + 1] expected seconds of an iteration at each depth: the profile times
+        its measured correction. Beyond the deepest depth measured at this octave, the
+        lower of two extrapolations: the deepest one's ratio (the profile's shape) and
+        the measured times' slope over the two deepest (a profile whose per-depth cost is
+        wrong has the wrong shape; being optimistic there costs one probe, one step
+        deeper, which then measures it)."""
+        B = batch_size
+        corr = self.corrections(B)
+        t = [self.cost.iteration(B, k, ctx) * math.exp(corr[k]) for k in range(self.k_max + 1)]
+        b = self.octave(B)
+        ks = [k for k in range(self.k_max + 1) if (b, k) in self._logr]
+        if len(ks) >= 2 and ks[0] == 0:
+            k1, k2 = ks[-2], ks[-1]
+            slope = max(t[k2] - t[k1], 0.0) / (k2 - k1)
+            for k in range(k2 + 1, self.k_max + 1):
+                t[k] = min(t[k], t[k2] + slope * (k - k2))
+        return t
+
+    def rates(self, batch_size: int, ctx: float = 0.0) -> list[float]:
+        """[k_max + 1] expected emitted tokens per second at each depth."""
+        B = batch_size
+        taus = self._taus()
+        return [B * tau / max(t, 1e-12) for tau, t in zip(taus, self.times(B, ctx), strict=True)]
+
+    def best(self, batch_size: int, ctx: float = 0.0) -> int:
+        """The depth with the highest expected tokens/s (no exploration)."""
+        rates = self.rates(batch_size, ctx)
+        return max(range(len(rates)), key=rates.__getitem__)
+
+    def choose(self, batch_size: int, ctx: float = 0.0) -> int:
+        self._decay(below_prior=True)  # pessimistic estimates relax (see observe)
+        b = self.octave(batch_size)
+        it = self._iters[b] = self._iters.get(b, 0) + 1
+        rates = self.rates(batch_size, ctx)
+        best = max(range(len(rates)), key=rates.__getitem__)
+        top = max((j for j in range(1, self.k_max + 1) if (b, j) in self._logr), default=0)
+
+        def due(k: int) -> bool:  # never run at this octave, or not for `refresh` iterations
+            seen = self._seen.get((b, k))
+            return seen is None or it - seen > self.refresh
+
+        close = self.probe_margin * rates[best]
+        if best == 0:
+            alt = max(range(1, len(rates)), key=rates.__getitem__)
+            step = min(alt, top + 1)
+            if due(step) and (top == 0 or rates[alt] >= close):
+                return step  # once per octave whatever the profile says; then only if close
+            return 0
+        if due(0):  # plain decoding measured first (and now and then)
+            return 0
+        if best > top:  # one step deeper than measured here
+            return top + 1
+        for n in (best + 1, best - 1):  # neighbours predicted close: measure them now and then
+            if 0 < n <= self.k_max and due(n) and rates[n] >= close:
+                return n
+        return best
+
+    def calibration(self) -> dict:
+        """Median measured/predicted time ratio per batch octave and depth (for reports)."""
+        out: dict[str, dict[int, float]] = {}
+        for (b, k), r in sorted(self._logr.items()):
+            out.setdefault(f"B{1 << b}-{(2 << b) - 1}", {})[k] = round(math.exp(r), 3)
+        return out

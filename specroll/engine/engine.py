@@ -232,9 +232,14 @@ class Engine:
             i = j
 
     def _step(self, st: _Slots, B: int, ctx: int) -> int:
-        """One decoding (k = 0) or speculative (k >= 1) iteration; returns tokens emitted."""
+        """One decoding (k = 0) or speculative (k >= 1) iteration; returns tokens emitted.
+
+        Its wall time (draft, target forward, verification, drafter commit) goes back to
+        the depth policy, which calibrates its cost model on it."""
+        t_iter = time.perf_counter()
         rows = torch.arange(B)
-        k = self.depth.choose(B, float(st.pos[:B].float().mean()))
+        mean_ctx = float(st.pos[:B].float().mean())
+        k = self.depth.choose(B, mean_ctx)
         # every row's k+1 positions must fit the cache and the context window
         room = min(ctx, self.cache.max_len) - 1 - int(st.pos[:B].max())
         k = max(0, min(k, room))
@@ -276,6 +281,7 @@ class Engine:
             t = time.perf_counter()
             self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, out.hidden, st.history)
             self.stats.draft_s += time.perf_counter() - t
+        self.depth.observe_time(B, k, mean_ctx, time.perf_counter() - t_iter)
         return emitted
 
     def _accept(

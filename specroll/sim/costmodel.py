@@ -75,7 +75,25 @@ class CostModel:
         return self.target(B, prompt, prompt / 2)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        meta = {k: v for k, v in self.meta.items() if k != "cache_path"}
+        Path(path).write_text(json.dumps(asdict(self) | {"meta": meta}, indent=2) + "\n")
+
+    def mark_stale(self, reason: str) -> bool:
+        """Record in the cached file this profile came from (meta["cache_path"], set by
+        `specroll.sim.profile.cached_profile`) that measurements contradicted it, so that
+        the next run measures it again. A profile the user gave is never touched.
+        Returns whether a file was marked."""
+        self.meta["stale"] = reason
+        path = self.meta.get("cache_path")
+        if not path or not Path(path).is_file():
+            return False
+        try:
+            raw = json.loads(Path(path).read_text())
+            raw.setdefault("meta", {})["stale"] = reason
+            Path(path).write_text(json.dumps(raw, indent=2) + "\n")
+        except (OSError, ValueError):
+            return False
+        return True
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:

@@ -122,7 +122,14 @@ def cached_profile(
     the cached one under $SPECROLL_HOME/profiles (measured now, once, if missing).
 
     The cache key is the model shape, the drafter and the thread count: a profile taken
-    with other threads or another model would choose depths for the wrong machine."""
+    with other threads or another model would choose depths for the wrong machine.
+
+    A cached profile is measured again when it is of an older format or was marked
+    stale: `AdaptiveDepth` compares it with the iteration times the engine measures and,
+    when they disagree by more than its `stale_band` (the machine was busy while it was
+    measured, or has changed since), marks the file (`CostModel.mark_stale`). Re-measuring
+    takes minutes, so it happens here, at the start of the next run, never in the middle
+    of a rollout; the run that found the disagreement corrects the profile online."""
     if path:
         return CostModel.load(path)
     from specroll.model.hub import home
@@ -132,11 +139,19 @@ def cached_profile(
     cached = home() / "profiles" / f"{key}-{drafter.name}.json"
     if cached.is_file():
         cm = CostModel.load(cached)
-        if cm.meta.get("format") == FORMAT:
+        if cm.meta.get("format") != FORMAT:
+            log(f"{cached} was measured for an older cost model; measuring again")
+        elif cm.meta.get("stale"):
+            log(
+                f"{cached} disagreed with measured iteration times ({cm.meta['stale']}); "
+                "measuring again"
+            )
+        else:
+            cm.meta["cache_path"] = str(cached)
             return cm
-        log(f"{cached} was measured for an older cost model; measuring again")
     log(f"measuring a hardware profile for adaptive depth (once; saved to {cached})")
     cm = profile(model, drafter, prompts, log=log)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cm.save(cached)
+    cm.meta["cache_path"] = str(cached)
     return cm
