@@ -52,13 +52,13 @@ import torch
 from specroll.drafters.build import build_drafter
 from specroll.engine.depth import AdaptiveDepth
 from specroll.engine.engine import Engine, EngineConfig
+from specroll.engine.profile import cached_profile
 from specroll.engine.request import Request, SamplingParams
 from specroll.model import load_model
 from specroll.model.hub import home, resolve
 from specroll.model.tokenizer import Tokenizer
-from specroll.rl.tasks.sets import encode, prompt_set
 from specroll.sim.costmodel import CostModel
-from specroll.sim.profile import cached_profile
+from specroll.tasks.sets import encode, prompt_set
 
 DRAFT_FIELDS = ("draft_fixed", "draft_per_row", "draft_step", "draft_step_per_row")
 

@@ -33,15 +33,15 @@ import torch
 from specroll.drafters.eagle3 import Eagle3Drafter
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
+from specroll.engine.profile import cached_profile
 from specroll.engine.request import Request, SamplingParams
 from specroll.model import load_model
 from specroll.model.hub import resolve
 from specroll.model.tokenizer import Tokenizer
 from specroll.rl.config import build_config
 from specroll.rl.pipeline import build_draft
-from specroll.rl.tasks.sets import encode, math_problems
-from specroll.sim.profile import cached_profile
 from specroll.sim.rollout import Speculation, simulate_replica
+from specroll.tasks.sets import encode, math_problems
 
 
 def requests(tok, prompts: int, samples: int, new_tokens: int, seed: int) -> list[Request]:

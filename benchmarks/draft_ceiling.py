@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specroll.drafters.evaluate import EVAL_SEED
+from specroll.drafting.evaluate import EVAL_SEED
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
 from specroll.model import load_model
 from specroll.model.hub import resolve
 from specroll.model.tokenizer import Tokenizer
-from specroll.rl.tasks.sets import encode, prompt_set
+from specroll.tasks.sets import encode, prompt_set
 
 
 def implied_al(a: float, k: int = 3) -> float:

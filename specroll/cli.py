@@ -24,9 +24,10 @@ from specroll.progress import PlainProgress, progress, status
 if TYPE_CHECKING:
     from specroll.spec.metrics import SpecStats
 
-console = Console(stderr=True)
+# soft_wrap: a long line (a path, a step line) stays one line in a log file
+console = Console(stderr=True, soft_wrap=True)
 """Diagnostics: progress, timings, statistics, errors (stderr)."""
-stdout = Console()
+stdout = Console(soft_wrap=True)
 """Results: the completions of `generate` (stdout)."""
 
 
@@ -65,7 +66,7 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
     """--prompt texts, then --prompts FILE read (and checked record by record) as the RL
     task files are, so a file that trains also generates; else the builtin prompts."""
     from specroll.engine.prompts import BUILTIN_PROMPTS
-    from specroll.rl.tasks.sets import load_file
+    from specroll.tasks.sets import load_file
 
     prompts = list(args.prompt or [])
     if args.prompts:
@@ -107,7 +108,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         depth = FixedDepth(k=args.k, max_batch=args.spec_max_batch)
         if args.depth == "adaptive":
             from specroll.engine.depth import AdaptiveDepth
-            from specroll.sim.profile import cached_profile
+            from specroll.engine.profile import cached_profile
 
             log = lambda m: console.print(m, markup=False, highlight=False)  # noqa: E731
             depth = AdaptiveDepth(cached_profile(model, drafter, ids, args.profile, log), args.k)
@@ -270,8 +271,8 @@ def _spec_table(report: dict, title: str) -> None:
 
 def cmd_bench_profile(args: argparse.Namespace) -> None:
     from specroll.drafters.build import build_drafter
-    from specroll.rl.tasks.sets import encode, prompt_set
-    from specroll.sim.profile import profile
+    from specroll.engine.profile import profile
+    from specroll.tasks.sets import encode, prompt_set
 
     model, tok = load_policy(args.model)
     drafter = build_drafter(args.drafter, model) if args.drafter else None
@@ -304,7 +305,7 @@ def cmd_bench_profile(args: argparse.Namespace) -> None:
 
 
 def cmd_draft_data(args: argparse.Namespace) -> None:
-    from specroll.drafters.data import DraftDataConfig, collect, prompt_ids
+    from specroll.drafting.data import DraftDataConfig, collect, prompt_ids
 
     cfg = DraftDataConfig(
         prompts=args.prompts,
@@ -326,7 +327,7 @@ def cmd_draft_data(args: argparse.Namespace) -> None:
             args.out,
             progress=lambda d, t: bar.update(task, completed=d),
         )
-    from specroll.drafters.data import DraftData
+    from specroll.drafting.data import DraftData
 
     data = DraftData(out)
     console.print(
@@ -335,8 +336,8 @@ def cmd_draft_data(args: argparse.Namespace) -> None:
 
 
 def cmd_draft_train(args: argparse.Namespace) -> None:
-    from specroll.drafters.data import DraftData
-    from specroll.drafters.train import DraftTrainConfig, train_draft
+    from specroll.drafting.data import DraftData
+    from specroll.drafting.train import DraftTrainConfig, train_draft
 
     cfg = DraftTrainConfig(
         kind=args.kind,
@@ -377,7 +378,7 @@ def _drafter_spec(spec: str) -> str:
 
 def cmd_draft_eval(args: argparse.Namespace) -> None:
     from specroll.drafters.build import build_drafter
-    from specroll.drafters.evaluate import eval_draft
+    from specroll.drafting.evaluate import eval_draft
 
     ks = tuple(int(k) for k in args.k.split(","))
     batches = tuple(int(b) for b in args.batches.split(","))

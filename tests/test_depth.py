@@ -73,9 +73,9 @@ def test_cost_model_fit_recovers_known_coefficients(tmp_path):
 
 @pytest.fixture
 def measured(tmp_path, monkeypatch):
-    """`specroll.sim.profile` with profiling replaced by a counter (profile n has
+    """`specroll.engine.profile` with profiling replaced by a counter (profile n has
     fixed = n ms, per_token 0.1 ms) and its cache under tmp_path; yields (module, calls)."""
-    from specroll.sim import profile as P
+    from specroll.engine import profile as P
 
     monkeypatch.setenv("SPECROLL_HOME", str(tmp_path))
     calls = []

@@ -8,17 +8,17 @@ import json
 import pytest
 import torch
 
-from specroll.drafters.data import DraftData, DraftDataConfig, collect
 from specroll.drafters.eagle3 import Eagle3Drafter, load_eagle3
 from specroll.drafters.mtp import MTPConfig, MTPDraft
-from specroll.drafters.train import (
+from specroll.drafters.ttt import ttt_unroll, unroll_mask
+from specroll.drafting.data import DraftData, DraftDataConfig, collect
+from specroll.drafting.train import (
     DraftNet,
     DraftTrainConfig,
     new_eagle3,
     select_vocab,
     train_draft,
 )
-from specroll.drafters.ttt import ttt_unroll, unroll_mask
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.model import ModelConfig, Transformer

@@ -109,7 +109,7 @@ def test_a_killed_worker_loses_and_duplicates_nothing(local_ray, tiny, tmp_path)
 
 
 def test_a_worker_refuses_a_draft_of_another_shape(local_ray, tiny, tmp_path):
-    from specroll.drafters.train import new_eagle3
+    from specroll.drafting.train import new_eagle3
 
     t = _trainer(tiny, tmp_path, "ray.enabled=true", "ray.workers=1")
     try:

@@ -117,7 +117,7 @@ def test_engine_logprobs_match_learner_and_versions_are_checked(tiny_setup, tmp_
 
 
 def test_sync_refuses_a_mismatched_draft(tiny_setup, tmp_path):
-    from specroll.drafters.train import new_eagle3
+    from specroll.drafting.train import new_eagle3
 
     t = _trainer(tiny_setup, tmp_path)
     other = new_eagle3(t.policy, torch.arange(32), t.draft.cfg.aux_layers, 0)
@@ -173,7 +173,7 @@ def test_config_errors_name_the_key(tmp_path):
 
 
 def test_dapo_style_file_task(tmp_path):
-    from specroll.rl.tasks.sets import load_file
+    from specroll.tasks.sets import load_file
 
     f = tmp_path / "dapo.jsonl"
     rec = {

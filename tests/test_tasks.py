@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specroll.rl.tasks import LEVELS, extract_answer, generate_problems, math_reward
+from specroll.tasks import LEVELS, extract_answer, generate_problems, math_reward
 
 
 @pytest.mark.parametrize("level", sorted(LEVELS))
@@ -73,7 +73,7 @@ def test_malformed_task_records_are_clear_errors(tmp_path, record, message):
     """A bad line names the file, the line and the field instead of raising a traceback."""
     import json
 
-    from specroll.rl.tasks.sets import load_file
+    from specroll.tasks.sets import load_file
 
     f = tmp_path / "tasks.jsonl"
     f.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n" + json.dumps(record) + "\n")
@@ -85,7 +85,7 @@ def test_malformed_task_records_are_clear_errors(tmp_path, record, message):
 def test_numeric_answers_and_chat_prompts_are_accepted(tmp_path):
     import json
 
-    from specroll.rl.tasks.sets import load_file
+    from specroll.tasks.sets import load_file
 
     f = tmp_path / "tasks.jsonl"
     recs = [

@@ -107,7 +107,7 @@ class AdaptiveDepth:
     **Stale profiles.** After its first `check_after` iterations the policy compares the
     profile with the measurements (median ratio overall and per k); outside `stale_band`
     it warns and calls the cost model's `mark_stale` (a cached profile is then measured
-    again by the next run; see `specroll.sim.profile.cached_profile`). The online
+    again by the next run; see `specroll.engine.profile.cached_profile`). The online
     correction keeps the current run safe in the meantime.
     """
 

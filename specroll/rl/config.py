@@ -169,7 +169,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         self.levels = tuple(int(x) for x in self.levels)
-        from specroll.rl.tasks.arithmetic import LEVELS
+        from specroll.tasks.arithmetic import LEVELS
 
         bad = [lv for lv in self.levels if lv not in LEVELS]
         _check(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specroll.drafters.train import DraftNet, draft_loss
+from specroll.drafting.train import DraftNet, draft_loss
 from specroll.model.transformer import Transformer
 from specroll.rl import loss as L
 from specroll.rl.config import DraftConfig, LossConfig, PolicyConfig

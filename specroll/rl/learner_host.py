@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specroll.drafters.eagle3 import Eagle3Head, save_eagle3
-from specroll.drafters.train import DraftNet
+from specroll.drafting.train import DraftNet
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch, Learner

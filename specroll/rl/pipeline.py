@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from specroll.drafters.eagle3 import Eagle3Drafter, Eagle3Head, load_eagle3
-from specroll.drafters.train import new_eagle3
+from specroll.drafting.train import new_eagle3
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
@@ -38,10 +38,10 @@ from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch
 from specroll.rl.mismatch import logprob_tolerance
 from specroll.rl.rollout import LocalRollout, Pending
-from specroll.rl.tasks.arithmetic import Problem
-from specroll.rl.tasks.reward import math_reward
-from specroll.rl.tasks.sets import encode, load_file, math_problems
 from specroll.sim.costmodel import CostModel
+from specroll.tasks.arithmetic import Problem
+from specroll.tasks.reward import math_reward
+from specroll.tasks.sets import encode, load_file, math_problems
 
 VAL_SEED_OFFSET = 10_000
 """Validation problems come from seed + this (a separate stream from training's)."""
@@ -131,7 +131,7 @@ class Trainer:
 
     def _cost_model(self, drafter) -> CostModel:
         """The hardware profile for adaptive depth: given, cached, or measured now."""
-        from specroll.sim.profile import cached_profile
+        from specroll.engine.profile import cached_profile
 
         prompts = [encode(self.tok, p) for p in math_problems(8, seed=3)]
         return cached_profile(
@@ -491,11 +491,11 @@ def build_draft(
         g = torch.Generator().manual_seed(cfg.pipeline.seed)
         size = min(cfg.draft.draft_vocab_size, policy.cfg.vocab_size)
         vocab = torch.randperm(policy.cfg.vocab_size, generator=g)[:size].sort().values
-        from specroll.drafters.data import default_aux_layers
+        from specroll.drafting.data import default_aux_layers
 
         return new_eagle3(policy, vocab, default_aux_layers(policy), cfg.pipeline.seed)
     if init == "default":
-        from specroll.drafters.default import default_draft
+        from specroll.drafting.default import default_draft
 
         path = default_draft(policy, tok, policy_dir, progress=progress)
     else:

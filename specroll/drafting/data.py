@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import Transformer
-from specroll.rl.tasks.sets import encode, prompt_set
+from specroll.tasks.sets import encode, prompt_set
 
 FORMAT = 1
 
@@ -42,7 +42,7 @@ class DraftDataConfig:
     """How to sample the policy for drafter training data."""
 
     prompts: str = "math"
-    """Prompt set: 'math', 'chat' or a file (see rl.tasks.sets)."""
+    """Prompt set: 'math', 'chat' or a file (see tasks.sets)."""
     n: int = 512
     """Rollouts to collect (one per prompt)."""
     temperature: float = 1.0

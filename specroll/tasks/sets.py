@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specroll.rl.tasks.arithmetic import Problem, generate_problems
-from specroll.rl.tasks.chat import chat_prompts
+from specroll.tasks.arithmetic import Problem, generate_problems
+from specroll.tasks.chat import chat_prompts
 
 DEFAULT_LEVELS = (1, 2)
 """Levels of the default math mix (SmolLM2 starts at ~15%: see arithmetic.py)."""

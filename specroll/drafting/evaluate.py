@@ -16,7 +16,7 @@ from specroll.drafters.base import Drafter
 from specroll.engine.bench import compare_spec
 from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import Transformer
-from specroll.rl.tasks.sets import encode, prompt_set
+from specroll.tasks.sets import encode, prompt_set
 
 EVAL_SEED = 1
 """Prompt-set seed of evaluation prompts (training data uses seed 0 by default)."""

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specroll.drafters.data import DraftData, DraftDataConfig, collect, prompt_ids
-from specroll.drafters.train import DraftTrainConfig, train_draft
+from specroll.drafting.data import DraftData, DraftDataConfig, collect, prompt_ids
+from specroll.drafting.train import DraftTrainConfig, train_draft
 from specroll.model.hub import home
 from specroll.model.transformer import Transformer
 

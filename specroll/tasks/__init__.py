@@ -1,8 +1,8 @@
 """Tasks with verifiable answers: procedural arithmetic and word problems, and rewards."""
 
-from specroll.rl.tasks.arithmetic import LEVELS, Problem, generate_problems
-from specroll.rl.tasks.reward import extract_answer, math_reward
-from specroll.rl.tasks.sets import encode, math_problems, prompt_set
+from specroll.tasks.arithmetic import LEVELS, Problem, generate_problems
+from specroll.tasks.reward import extract_answer, math_reward
+from specroll.tasks.sets import encode, math_problems, prompt_set
 
 __all__ = [
     "LEVELS",

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.data import DraftData, Sequence
 from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head, load_eagle3, save_eagle3
 from specroll.drafters.mtp import MTPConfig, MTPDraft, load_mtp, load_native_mtp, save_mtp
 from specroll.drafters.ttt import loss_mask, ttt_loss, ttt_unroll
+from specroll.drafting.data import DraftData, Sequence
 from specroll.model.transformer import Transformer
 
 KINDS = ("eagle3", "mtp")
