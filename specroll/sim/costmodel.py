@@ -27,7 +27,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
+import numpy as np
 
 
 @dataclass
@@ -80,7 +80,7 @@ class CostModel:
 
     def mark_stale(self, reason: str) -> bool:
         """Record in the cached file this profile came from (meta["cache_path"], set by
-        `specroll.sim.profile.cached_profile`) that measurements contradicted it, so that
+        `specroll.engine.profile.cached_profile`) that measurements contradicted it, so that
         the next run measures it again. A profile the user gave is never touched.
         Returns whether a file was marked."""
         self.meta["stale"] = reason
@@ -107,15 +107,15 @@ class CostModel:
         return cls(**raw)
 
 
-def _lstsq(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative-ish least squares: plain lstsq, negative coefficients clamped to 0 and
     the rest refitted (a time model with negative terms extrapolates badly)."""
     cols = list(range(X.shape[1]))
     while True:
-        coef = torch.linalg.lstsq(X[:, cols], y.unsqueeze(1)).solution.squeeze(1)
+        coef = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
         if bool((coef >= 0).all()) or len(cols) == 1:
-            out = torch.zeros(X.shape[1], dtype=X.dtype)
-            out[cols] = coef.clamp(min=0)
+            out = np.zeros(X.shape[1])
+            out[cols] = np.maximum(coef, 0.0)
             return out
         cols = [c for c, v in zip(cols, coef.tolist(), strict=True) if v > 0]
 
@@ -127,17 +127,17 @@ def fit_target(points: list[dict]) -> tuple[dict, dict]:
     linear least-squares fit on relative error (rows weighted by 1 / seconds, so small
     and large forwards count alike). Returns (coefficients, {"mape", "max_rel_err"}).
     """
-    b = torch.tensor([p["B"] for p in points], dtype=torch.float64)
-    n = torch.tensor([p["B"] * p["q"] for p in points], dtype=torch.float64)
-    c = torch.tensor([p["ctx"] for p in points], dtype=torch.float64)
-    y = torch.tensor([p["seconds"] for p in points], dtype=torch.float64)
+    b = np.array([p["B"] for p in points], dtype=np.float64)  # [n]
+    n = np.array([p["B"] * p["q"] for p in points], dtype=np.float64)
+    c = np.array([p["ctx"] for p in points], dtype=np.float64)
+    y = np.array([p["seconds"] for p in points], dtype=np.float64)
     best = None
     for knee in sorted(set(n.tolist())):
-        X = torch.stack([torch.ones_like(n), n.clamp(min=knee), b * c, n * c], dim=1)
-        X = X / y.unsqueeze(1)
-        coef = _lstsq(X, torch.ones_like(y))
-        pred = (X * y.unsqueeze(1)) @ coef
-        rel = ((pred - y) / y).abs()
+        X = np.stack([np.ones_like(n), np.maximum(n, knee), b * c, n * c], axis=1)  # [n, 4]
+        X = X / y[:, None]
+        coef = _lstsq(X, np.ones_like(y))
+        pred = (X * y[:, None]) @ coef
+        rel = np.abs((pred - y) / y)
         if best is None or float(rel.mean()) < best[0]:
             best = (float(rel.mean()), float(rel.max()), knee, coef)
     mape, worst, knee, coef = best
@@ -153,11 +153,11 @@ def fit_target(points: list[dict]) -> tuple[dict, dict]:
 
 def fit_features(features: list[list[float]], ys: list[float]) -> tuple[list[float], float]:
     """y = sum_i c_i f_i (c_i >= 0) by relative least squares; returns (c, mape)."""
-    F = torch.tensor(features, dtype=torch.float64)
-    y = torch.tensor(ys, dtype=torch.float64)
-    coef = _lstsq(F / y.unsqueeze(1), torch.ones_like(y))
+    F = np.array(features, dtype=np.float64)  # [n, f]
+    y = np.array(ys, dtype=np.float64)
+    coef = _lstsq(F / y[:, None], np.ones_like(y))
     pred = F @ coef
-    return coef.tolist(), float(((pred - y) / y).abs().mean())
+    return coef.tolist(), float(np.abs((pred - y) / y).mean())
 
 
 def fit_linear(xs: list[float], ys: list[float]) -> tuple[float, float, float]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import torch
+import numpy as np
 
 from specroll.sim.catalogue import HardwareSpec, ModelSpec
 from specroll.sim.rollout import Speculation, Workload, simulate_rollout
@@ -149,8 +149,9 @@ class RLSim:
             )
         return min(c.max_seqs, fits)
 
-    def generation(self, spec: Speculation, lengths: torch.Tensor) -> dict:
+    def generation(self, spec: Speculation, lengths: np.ndarray) -> dict:
         """Generation seconds per step (slowest replica), its trace and depth histogram."""
+        lengths = np.asarray(lengths, dtype=np.float64)  # [n]; callers may pass lists/tensors
         w = self.workload
         steps = self.pipeline.lag + 1
         if steps > 1:  # async: L+1 steps' requests back to back, no drain in between
@@ -158,7 +159,7 @@ class RLSim:
                 Workload(**{**asdict(w), "seed": w.seed + s + 1, "lengths": None}).draw()
                 for s in range(steps - 1)
             ]
-            lengths = torch.cat([lengths, *extra])
+            lengths = np.concatenate([lengths, *extra])
         batch = self.concurrency()
         out = simulate_rollout(
             self.step_model(), lengths, self.cluster.replicas, batch, w.prompt_len, spec
@@ -176,8 +177,9 @@ class RLSim:
         prepare = lc.prepare_fixed_s + sync_bytes / self.cluster.generation_gpus / hw.link_bw
         return {"logprob": logprob, "train": train, "prepare": prepare}
 
-    def tokens(self, lengths: torch.Tensor) -> float:
+    def tokens(self, lengths: np.ndarray) -> float:
         """Prompt + response tokens the learner processes in one step."""
+        lengths = np.asarray(lengths, dtype=np.float64)  # [n]
         return float(lengths.sum()) + len(lengths) * self.workload.prompt_len
 
     def stages(self, gen_s: float, learn: dict) -> dict:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 
 @dataclass
@@ -47,15 +47,43 @@ class Workload:
         if self.lengths is not None and (not self.lengths or min(self.lengths) < 1):
             raise ValueError("workload.lengths must be a non-empty list of positive lengths")
 
-    def draw(self) -> torch.Tensor:
+    def draw(self) -> np.ndarray:
         """[prompts * samples] response lengths."""
         if self.lengths is not None:
-            return torch.tensor(self.lengths, dtype=torch.float64)
+            return np.array(self.lengths, dtype=np.float64)
         n = self.prompts * self.samples
-        g = torch.Generator().manual_seed(self.seed)
         mu = math.log(self.mean_len) - self.sigma**2 / 2
-        x = torch.exp(mu + self.sigma * torch.randn(n, generator=g, dtype=torch.float64))
-        return x.clamp(1, self.max_len).round()
+        x = np.exp(mu + self.sigma * standard_normal(n, self.seed))
+        return np.clip(x, 1, self.max_len).round()
+
+
+def standard_normal(n: int, seed: int) -> np.ndarray:
+    """[n] standard normal draws: the stream `torch.randn(n, dtype=float64)` gives after
+    `manual_seed(seed)` (mt19937, 53-bit uniforms, Box-Muller in blocks of 16), without
+    torch. The simulator drew its workloads with torch before it lost that dependency;
+    keeping the stream keeps every figure, and the paper calibration fitted on them, as
+    they were (tests/test_sim.py checks it against torch to an ulp)."""
+    mt = np.random.RandomState(seed & 0xFFFFFFFF)  # mt19937 seeded as torch seeds it
+
+    def uniforms(m: int) -> np.ndarray:  # [m] in [0, 1): torch's random64 -> 53 bits
+        raw = mt.randint(0, 2**32, size=2 * m, dtype=np.uint32).astype(np.uint64)
+        bits = (raw[0::2] << np.uint64(32)) | raw[1::2]
+        return (bits & np.uint64((1 << 53) - 1)).astype(np.float64) * 2.0**-53
+
+    def box_muller(u: np.ndarray) -> np.ndarray:  # [16] uniforms -> [16] normals
+        r, theta = np.sqrt(-2.0 * np.log(1.0 - u[:8])), 2.0 * math.pi * u[8:]
+        return np.concatenate([r * np.cos(theta), r * np.sin(theta)])
+
+    if n < 16:  # torch's one-at-a-time path: pairs (u1, u2), the sine kept for the next
+        u = uniforms(2 * ((n + 1) // 2))
+        r, theta = np.sqrt(-2.0 * np.log1p(-u[1::2])), 2.0 * math.pi * u[0::2]
+        return np.stack([r * np.cos(theta), r * np.sin(theta)], axis=1).reshape(-1)[:n]
+    z = uniforms(n)
+    for i in range(0, n - 15, 16):
+        z[i : i + 16] = box_muller(z[i : i + 16])
+    if n % 16:  # the last 16 are drawn afresh
+        z[n - 16 :] = box_muller(uniforms(16))
+    return z
 
 
 def _solve(f: Callable[[float], float], target: float) -> float:
@@ -125,7 +153,7 @@ class Speculation:
 
 def simulate_replica(
     step,
-    lengths: torch.Tensor,
+    lengths: np.ndarray,
     max_batch: int,
     prompt_len: float,
     spec: Speculation,
@@ -140,10 +168,11 @@ def simulate_replica(
     with the same rows are advanced together (at most `max_run`; the adaptive depth is
     chosen once per run), so the cost is per finishing row, not per token.
     """
+    lengths = np.asarray(lengths, dtype=np.float64)  # [n]
     n = len(lengths)
-    remaining = lengths.clone()
-    done = torch.zeros_like(lengths)  # [n] tokens generated so far
-    active = torch.zeros(n, dtype=torch.bool)
+    remaining = lengths.copy()
+    done = np.zeros_like(lengths)  # [n] tokens generated so far
+    active = np.zeros(n, dtype=bool)
     admitted, t, iters = 0, 0.0, 0
     trace: list[tuple[float, int, int]] = []
     depth = [0] * (spec.k + 1)
@@ -178,7 +207,7 @@ def simulate_replica(
 
 def simulate_rollout(
     step,
-    lengths: torch.Tensor,
+    lengths: np.ndarray,
     replicas: int,
     max_batch: int,
     prompt_len: float,
@@ -187,6 +216,7 @@ def simulate_rollout(
     """Sync rollout of `lengths` dealt over `replicas` replicas: the step waits for the
     slowest. Replicas see statistically alike shares, so only the first and the one
     holding the longest sample (the tail) are simulated."""
+    lengths = np.asarray(lengths, dtype=np.float64)  # [n]
     per = [lengths[r::replicas] for r in range(min(replicas, len(lengths)))]
     pick = {0, max(range(len(per)), key=lambda r: float(per[r].max()))}
     runs = [simulate_replica(step, per[r], max_batch, prompt_len, spec) for r in sorted(pick)]
