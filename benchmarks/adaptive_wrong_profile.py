@@ -16,7 +16,9 @@ rounds, each round on its own seeds:
 * wrong: AdaptiveDepth on a deliberately wrong profile (default: draft costs / 10 and
   per_token / 5, so the profile says speculation pays even at large batches);
 * wrong_nocal: the same wrong profile without online calibration (the behaviour the
-  issue reported; `--modes` can leave it out).
+  issue reported; `--modes` can leave it out);
+* k0: the drafter attached but never drafting (FixedDepth(0)): the floor of what a
+  speculative engine costs over plain decoding (features kept for the draft).
 
 Each adaptive policy persists across rounds, as it does across the steps of a training
 run, so round 0 includes its exploration. Speculative and plain decoding draw the same
@@ -50,7 +52,7 @@ from pathlib import Path
 import torch
 
 from specroll.drafters.build import build_drafter
-from specroll.engine.depth import AdaptiveDepth
+from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.profile import cached_profile
 from specroll.engine.request import Request, SamplingParams
@@ -127,7 +129,7 @@ def main() -> None:
     ap.add_argument("--drafter", default="ngram", help="ngram | eagle3:PATH | default | ...")
     ap.add_argument("--profile", default="", help="hardware profile JSON (default: cached)")
     ap.add_argument("--wrong", default="draft=0.1,per_token=0.2", help="scales of the profile")
-    ap.add_argument("--modes", default="plain,adaptive,wrong,wrong_nocal")
+    ap.add_argument("--modes", default="plain,adaptive,wrong,wrong_nocal,k0")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--out", default="", help="also write the JSON here")
     ap.add_argument(
@@ -161,12 +163,18 @@ def main() -> None:
         "wrong": AdaptiveDepth(bad, k_max=args.k_max),
         "wrong_nocal": Uncalibrated(bad, k_max=args.k_max),
     }
+    depths["k0"] = FixedDepth(0)
     engines = {
         m: Engine(model, ecfg) if m == "plain" else Engine(model, ecfg, drafter, depths[m])
         for m in modes
     }
+    adaptive = {m: d for m, d in depths.items() if isinstance(d, AdaptiveDepth)}
     what_profile = {
-        m: [depths[m].best(B, 100.0) for B in (1, 2, 4, 8, 16, 32)] for m in modes if m in depths
+        m: [adaptive[m].best(B, 100.0) for B in (1, 2, 4, 8, 16, 32)]
+        for m in modes
+        if m in adaptive
+        for m in modes
+        if m in adaptive
     }
     log(f"profile's best k at B = 1,2,4,8,16,32 (ctx 100): {what_profile}")
     warm = [
@@ -217,7 +225,7 @@ def main() -> None:
             "acceptance_length": round(statistics.median(x["al"] for x in runs[m]), 3),
             "depth_hist": runs[m][-1]["depth_hist"],
         }
-        if m in depths:
+        if m in adaptive:
             row["profile_best_k"] = what_profile[m]
             row["calibration"] = depths[m].calibration()
             row["disagreement"] = depths[m].disagreement

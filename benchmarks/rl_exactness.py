@@ -29,7 +29,8 @@ from specroll.model import load_model
 from specroll.model.hub import resolve
 from specroll.model.tokenizer import Tokenizer
 from specroll.rl.config import build_config
-from specroll.rl.pipeline import Trainer, build_draft
+from specroll.rl.draft import build_draft
+from specroll.rl.pipeline import Trainer
 
 
 def run(seed: int, speculative: bool, steps: int, out: str) -> dict:

@@ -88,9 +88,7 @@ def measured(tmp_path, monkeypatch):
     return P, calls
 
 
-def test_cached_profile_is_measured_once_and_remeasured_when_stale(
-    tiny_model, tmp_path, measured
-):
+def test_cached_profile_is_measured_once_and_remeasured_when_stale(tiny_model, tmp_path, measured):
     from specroll.drafters.ngram import NgramDrafter
 
     P, calls = measured
@@ -341,9 +339,7 @@ def test_undrafted_positions_count_as_rejected():
     assert d.alphas().tolist() == pytest.approx([0.5, 1.0])
 
 
-def test_profile_that_disagrees_with_measured_times_is_marked_stale(
-    tiny_model, tmp_path, measured
-):
+def test_profile_that_disagrees_with_measured_times_is_marked_stale(tiny_model, tmp_path, measured):
     from specroll.drafters.ngram import NgramDrafter
 
     P, calls = measured

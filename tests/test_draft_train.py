@@ -8,12 +8,13 @@ import json
 import pytest
 import torch
 
-from specroll.drafters.eagle3 import Eagle3Drafter, load_eagle3
+from specroll.drafters.eagle3 import Eagle3Drafter
+from specroll.drafters.eagle3_io import load_eagle3
 from specroll.drafters.mtp import MTPConfig, MTPDraft
+from specroll.drafters.trainable import TrainableDraft
 from specroll.drafters.ttt import ttt_unroll, unroll_mask
 from specroll.drafting.data import DraftData, DraftDataConfig, collect
 from specroll.drafting.train import (
-    DraftNet,
     DraftTrainConfig,
     new_eagle3,
     select_vocab,
@@ -68,17 +69,16 @@ def test_unroll_equals_incremental_drafting(target, kind, start):
         net = new_eagle3(target, vocab, (2, 2, 1), seed=3)
     else:
         net = MTPDraft(MTPConfig.for_target(TARGET, 1), target).init_weights(3, 0.1)
-        vocab = None
     _perturb(net, 4)
     net.use_packed = False
-    draft = DraftNet(kind, target, net, vocab)
+    assert isinstance(net, TrainableDraft) and net.kind == kind
     with torch.no_grad():
         out = target(x, hidden_layers=(2, 1, 4))
         H = 64
         final = torch.nn.functional.rms_norm(out.hidden[4], (H,), target.norm, TARGET.rms_norm_eps)
         aux = torch.cat([out.hidden[2], out.hidden[2], out.hidden[1]], dim=-1)
-        feats = draft.features(aux, final)
-        states = ttt_unroll(draft.run, feats, x, steps, group=2, start=start)
+        feats = net.features(aux, final)
+        states = ttt_unroll(net.step, feats, x, steps, group=net.kv_group, start=start)
         cache = net.new_cache(2, 32)
         run = (
             (lambda *a, **k: net(*a, **k))
@@ -93,7 +93,7 @@ def test_unroll_equals_incremental_drafting(target, kind, start):
             assert (h[:, 0] - states[0][:, t]).abs().max() <= 1e-5
             for j in range(1, steps):
                 lg, h = run(x[:, t + 1 + j : t + 2 + j], h, torch.full((2,), t + j), cache)
-                want = draft.readout(states[j][:, t - (start if j else 0)])
+                want = net.readout(states[j][:, t - (start if j else 0)])
                 assert (lg[:, 0] - want).abs().max() <= 1e-5, (t, j)
                 checked += 1
         assert checked >= 3 * (steps - 1)
@@ -202,7 +202,7 @@ def test_bad_inputs_fail_before_work(target, data_dir, tmp_path):
 
 
 def test_mtp_head_trains_and_loads(target, data_dir, tmp_path):
-    from specroll.drafters.mtp import load_mtp
+    from specroll.drafters.mtp_io import load_mtp
 
     d, _, _ = data_dir
     cfg = DraftTrainConfig(

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head, load_eagle3, save_eagle3
+from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafters.eagle3_io import load_eagle3, save_eagle3
 from specroll.model import ModelConfig, Transformer
 
 TARGET = ModelConfig(

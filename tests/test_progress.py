@@ -80,13 +80,13 @@ def test_status_prints_a_start_line_off_a_terminal():
 
 def test_a_command_logs_its_progress_when_not_a_terminal(monkeypatch, tmp_path):
     """`specroll generate > log 2>&1`: the log shows loading and generation progress."""
-    from specroll import cli
+    from specroll.cli import common, main
 
     console, buf = _log_console()
-    monkeypatch.setattr(cli, "console", console)
+    monkeypatch.setattr(common, "console", console)
     monkeypatch.setenv("SPECROLL_HOME", str(tmp_path))
     argv = ["generate", "--model", "tiny", "--max-new-tokens", "4", "--out", str(tmp_path / "o")]
-    assert cli.main(argv) == 0
+    assert main(argv) == 0
     log = buf.getvalue()
     assert "loading " in log and "generating: started (total 8)" in log
     assert "generating: done 8/8 (100%)" in log

@@ -33,7 +33,8 @@ def tiny(tmp_path, monkeypatch):
 def _trainer(tiny_dir, out, *overrides):
     from specroll.model import load_model
     from specroll.model.tokenizer import Tokenizer
-    from specroll.rl.pipeline import Trainer, build_draft
+    from specroll.rl.draft import build_draft
+    from specroll.rl.pipeline import Trainer
 
     policy, tok = load_model(tiny_dir), Tokenizer(tiny_dir)
     cfg = build_config(
@@ -93,7 +94,7 @@ def test_async_respects_max_lag(local_ray, tiny, tmp_path):
 
 def test_a_killed_worker_loses_and_duplicates_nothing(local_ray, tiny, tmp_path):
     t = _trainer(tiny, tmp_path, "ray.enabled=true", "ray.workers=2")
-    reqs = t.step_requests(0)
+    reqs = t.work.step_requests(0)
     try:
         expected = t.engine.generate(reqs)
         pending = t.rollout.submit(reqs)
@@ -116,7 +117,7 @@ def test_a_worker_refuses_a_draft_of_another_shape(local_ray, tiny, tmp_path):
         other = new_eagle3(t.policy, torch.arange(32), t.draft.cfg.aux_layers, 0)
         t.rollout.publish(1, t.policy, other)
         with pytest.raises(Exception, match="lm_head"):
-            t.rollout.generate(t.step_requests(0))
+            t.rollout.generate(t.work.step_requests(0))
     finally:
         t.close()
 

@@ -72,7 +72,8 @@ def tiny_setup(tmp_path, monkeypatch):
 
 
 def _trainer(tiny_setup, tmp_path, *overrides):
-    from specroll.rl.pipeline import Trainer, build_draft
+    from specroll.rl.draft import build_draft
+    from specroll.rl.pipeline import Trainer
 
     policy, tok = tiny_setup
     cfg = build_config("tiny", [f"pipeline.out_dir={tmp_path / 'run'}", *overrides])
@@ -80,13 +81,15 @@ def _trainer(tiny_setup, tmp_path, *overrides):
     return Trainer(cfg, policy, tok, draft, log=lambda m: None)
 
 
-def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path):
-    t = _trainer(tiny_setup, tmp_path)
-    results = t.engine.generate(t._requests(t.problems(0), 2, base_seed=5))
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path, kind):
+    t = _trainer(tiny_setup, tmp_path, f"draft.kind={kind}")
+    assert t.draft.kind == kind
+    results = t.engine.generate(t.work.requests(t.work.problems(0), 2, base_seed=5))
     batch = t._batch(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
     old = t.learner.logprobs(batch) - 0.05  # ratios != 1: a non-trivial policy gradient
     learner, policy, draft = t.learner, t.policy, t.draft
-    out = policy(batch.tokens, hidden_layers=draft.cfg.aux_layers)
+    out = policy(batch.tokens, hidden_layers=learner.hidden_layers)
     from specroll.rl.learner import token_logprobs
 
     logp = token_logprobs(out.logits, batch.tokens, 1.0)
@@ -222,7 +225,7 @@ def test_a_learner_step_emits_no_warnings(tiny_setup, tmp_path, overrides):
     import warnings
 
     t = _trainer(tiny_setup, tmp_path, *overrides)
-    results = t.engine.generate(t._requests(t.problems(0), 2, base_seed=5))
+    results = t.engine.generate(t.work.requests(t.work.problems(0), 2, base_seed=5))
     batch = t._batch(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
     old = t.learner.logprobs(batch) - 0.05
     t.learner.decoupled = True  # the async path reads behaviour weights too

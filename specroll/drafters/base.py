@@ -95,6 +95,10 @@ class Drafter:
     def move(self, src: int, dst: int) -> None:
         pass
 
+    def warm(self) -> None:
+        """Build whatever the network caches from its weights (prepacked copies) now,
+        after new weights were loaded, rather than in the next proposal."""
+
 
 class FeatureDrafter(Drafter):
     """Shared loop of drafters conditioned on target hidden states (EAGLE-3, MTP).
@@ -127,8 +131,9 @@ class FeatureDrafter(Drafter):
         """Target states of a forward ([n, T, H] each) → draft conditioning [n, width, H]."""
         raise NotImplementedError
 
-    def run(self, depth: int, tokens, feats, positions, slot_start: int = 0):
-        """Draft network at recursion depth `depth` → (logits [n, T, *], state [n, T, H])."""
+    def run(self, depth: int, tokens, feats, positions, slot_start: int = 0, logits_index=None):
+        """Draft network at recursion depth `depth` → (logits [n, T, *], state [n, T, H]);
+        with logits_index [n, m], logits only at those positions ([n, m, *])."""
         raise NotImplementedError
 
     def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -178,15 +183,17 @@ class FeatureDrafter(Drafter):
         t = (start.unsqueeze(1) + torch.arange(width)).clamp(max=history.shape[1] - 2)
         tokens = history[lo:hi].gather(1, t + 1)  # pair t: (h_t, x_{t+1}), [n, W]
         feats = self.feats[rows.unsqueeze(1), t]  # [n, W, H]
-        logits, state = self.run(0, tokens, feats, start, lo)
+        last = (pending - 1).clamp(min=0)  # [n] each row's last pending pair
+        # only the last pair's logits are needed: reading out all W over the vocabulary
+        # would cost more than the draft layer itself on a long catch-up
+        logits, state = self.run(0, tokens, feats, start, lo, logits_index=last.unsqueeze(1))
         if self.next_logits is None:
             S = self.cache.num_slots
             self.next_logits = logits.new_zeros(S, logits.shape[-1])
             self.next_state = state.new_zeros(S, state.shape[-1])
         moved = (pending > 0).nonzero().flatten()
-        last = pending[moved] - 1
-        self.next_logits[rows[moved]] = logits[moved, last]
-        self.next_state[rows[moved]] = state[moved, last]
+        self.next_logits[rows[moved]] = logits[moved, 0]
+        self.next_state[rows[moved]] = state[moved, last[moved]]
         self.fed[lo:hi] = self.dpos[lo:hi]
 
     @torch.inference_mode()

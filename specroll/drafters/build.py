@@ -64,11 +64,13 @@ def build_drafter(spec: str, target: Transformer) -> Drafter:
             )
         return DraftModelDrafter(draft)
     if kind == "eagle3" and path:
-        from specroll.drafters.eagle3 import Eagle3Drafter, load_eagle3
+        from specroll.drafters.eagle3 import Eagle3Drafter
+        from specroll.drafters.eagle3_io import load_eagle3
 
         return Eagle3Drafter(load_eagle3(_draft_dir(kind, path, spec), target.cfg, embed=target))
     if kind == "mtp" and path:
-        from specroll.drafters.mtp import MTPDrafter, load_mtp
+        from specroll.drafters.mtp import MTPDrafter
+        from specroll.drafters.mtp_io import load_mtp
 
         return MTPDrafter(load_mtp(_draft_dir(kind, path, spec), target))
     raise ValueError(f"drafter {spec!r} is not one of: {', '.join(KINDS)}")

@@ -23,27 +23,23 @@ fc, norm}` (one set for all layers) + `mtp.layers.{i}.*`; DeepSeek-V3
 `model.layers.{L+i}.{enorm, hnorm, eh_proj, shared_head.norm}` + the layer tensors under
 the same prefix (`embed_tokens` / `shared_head.head` there are copies of the target's and
 are skipped). Both have a per-module final norm. Qwen3-Next norms are Gemma-style
-`x * (1 + w)`: `norm_offset` adds the 1. This file is the network and its weight I/O only.
+`x * (1 + w)`: `norm_offset` adds the 1. This file is the network; its weight I/O is
+`specroll.drafters.mtp_io`.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specroll.drafters.base import FeatureDrafter
 from specroll.drafters.ttt import Unroll
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Block, KVCache, Rotary, Transformer, _mm, attention_layout
-from specroll.model.weights import _hf_names
 
 _MATRICES = ("eh_proj", "wqkv", "wo", "w_gate_up", "w_down")  # stored [in, out]; HF [out, in]
 
@@ -225,7 +221,7 @@ class MTPDraft(nn.Module):
             logits_index,
         )
 
-    def readout(self, i: int, state: torch.Tensor) -> torch.Tensor:
+    def readout(self, state: torch.Tensor, i: int = 0) -> torch.Tensor:
         """State [..., H] returned by head i → logits [..., V] (what forward computes)."""
         head = self.heads[i % self.num_heads]
         t = self.target
@@ -234,157 +230,43 @@ class MTPDraft(nn.Module):
             state = F.rms_norm(state, (state.shape[-1],), w, head.eps)
         return state @ t.head_weight.detach()
 
+    # ------------------------------------------- TrainableDraft (specroll.drafters.trainable)
+    # (training drives head 0, recursively: the single-head scheme that is trained here)
 
-# ---------------------------------------------------------------------------- weight I/O
+    kind = "mtp"
 
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        return ()
 
-def save_mtp(draft: MTPDraft, out_dir: str | Path) -> Path:
-    """Write config.json + mtp.safetensors (the heads only; the target is not copied)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
-    save_file(tensors, out_dir / "mtp.safetensors", metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(draft.cfg.to_dict(), indent=2))
-    return out_dir
+    @property
+    def reads_final(self) -> bool:
+        return True
 
+    @property
+    def vocab(self) -> None:
+        return None  # the target's own vocabulary and LM head
 
-def _fill(draft: MTPDraft, state: dict[str, torch.Tensor], where: object) -> MTPDraft:
-    expected = dict(draft.named_parameters())
-    for name, p in expected.items():
-        if name not in state:
-            raise ValueError(f"weights in {where} lack tensor {name!r}")
-        if state[name].shape != p.shape:
-            raise ValueError(
-                f"tensor {name!r} in {where} has shape {tuple(state[name].shape)}, "
-                f"expected {tuple(p.shape)}"
-            )
-    if extra := sorted(set(state) - set(expected)):
-        raise ValueError(f"unexpected tensors in {where}: {extra[:5]}")
-    with torch.no_grad():
-        for name, p in expected.items():
-            p.copy_(state[name])
-    return draft
+    @property
+    def kv_group(self) -> int:
+        return self.cfg.layer.num_heads // self.cfg.layer.num_kv_heads
 
+    def features(self, aux: torch.Tensor, final: torch.Tensor | None) -> torch.Tensor:
+        """The policy's normed last state is head 0's input (`aux` is not read)."""
+        if final is None:
+            raise ValueError("MTP heads read the policy's final state: pass `final`")
+        return final
 
-def load_mtp(model_dir: str | Path, target: Transformer) -> MTPDraft:
-    """Load heads written by `save_mtp` on top of `target`."""
-    model_dir = Path(model_dir)
-    try:
-        cfg = MTPConfig(**json.loads((model_dir / "config.json").read_text()))
-        state = load_file(model_dir / "mtp.safetensors")
-    except (OSError, json.JSONDecodeError, TypeError, SafetensorError) as e:
-        raise ValueError(f"{model_dir} is not a specroll MTP directory: {e}") from e
-    return _fill(MTPDraft(cfg, target), state, model_dir)
+    def step(self, tokens: torch.Tensor, states: torch.Tensor, unroll: Unroll):
+        return self(0, tokens, states, unroll=unroll)
 
+    def save(self, out_dir: str | Path) -> None:
+        from specroll.drafters.mtp_io import save_mtp
 
-def _sizes(cfg: ModelConfig, ours: str, n: int) -> list[int]:
-    """How HF splits the rows ([out, in] layout) of our fused parameter `ours`."""
-    if ours in ("wqkv", "bqkv"):
-        return [cfg.q_size, cfg.kv_size, cfg.kv_size]
-    return [cfg.intermediate_size] * 2 if ours == "w_gate_up" else [n]
+        save_mtp(self, out_dir)
 
-
-def _native_names(naming: str, cfg: MTPConfig, L: int) -> dict[str, list[str]]:
-    """Our parameter → the HF tensors it is made of, in concatenation order."""
-    plan: dict[str, list[str]] = {}
-    for i in range(cfg.num_heads_mtp):
-        if naming == "qwen3_next":  # fc and the three norms are shared by all mtp.layers
-            own = ["mtp." + s for s in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc")]
-            own.append("mtp.norm")
-            layer = {
-                k: [s.replace("model.", "mtp.", 1) for s in v]
-                for k, v in _hf_names(cfg.layer, i).items()
-            }
-        else:
-            p = f"model.layers.{L + i}."
-            own = [p + s for s in ("enorm", "hnorm", "eh_proj", "shared_head.norm")]
-            layer = _hf_names(cfg.layer, L + i)
-        for ours, theirs in zip(("enorm", "hnorm", "eh_proj", "final_norm"), own, strict=True):
-            plan[f"heads.{i}.{ours}"] = [theirs + ".weight"]
-        plan.update({f"heads.{i}.block.{k}": v for k, v in layer.items()})
-    return plan
-
-
-def load_native_mtp(
-    model_dir: str | Path,
-    target: Transformer,
-    naming: str = "auto",
-    norm_offset: float | None = None,
-) -> MTPDraft:
-    """Native MTP heads from a HF checkpoint dir (safetensors only).
-
-    naming: "qwen3_next", "deepseek_v3" or "auto" (by which tensors exist); the number of
-    heads is read from the tensor names. norm_offset is added to every norm weight; None
-    = 1.0 when config.json says qwen3_next / qwen3_5 (Gemma-style norms), else 0.0.
-    """
-    model_dir = Path(model_dir)
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{model_dir} has no *.safetensors weight files")
-    handles, where = {}, {}  # file → reader; tensor name → file
-    for f in files:
-        try:
-            handles[f] = safe_open(f, "pt")
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"weight file {f} is corrupt or unreadable: {e}") from e
-        where.update(dict.fromkeys(handles[f].keys(), f))
-    L = target.cfg.num_layers
-    if naming == "auto":
-        if any(k.startswith("mtp.") for k in where):
-            naming = "qwen3_next"
-        elif f"model.layers.{L}.eh_proj.weight" in where:
-            naming = "deepseek_v3"
-        else:
-            raise ValueError(f"{model_dir} has no native MTP tensors (mtp.* or layers.{L}.*)")
-    if naming == "qwen3_next":
-        idx = [int(m.group(1)) for k in where if (m := re.match(r"mtp\.layers\.(\d+)\.", k))]
-        n = max(idx, default=0) + 1
-    elif naming == "deepseek_v3":
-        n = 1
-        while f"model.layers.{L + n}.eh_proj.weight" in where:
-            n += 1
-    else:
-        raise ValueError(f"naming={naming!r}; allowed: auto, qwen3_next, deepseek_v3")
-    cfg = MTPConfig.for_target(
-        target.cfg, n, own_final_norm=True, feed_back_normed=naming == "qwen3_next"
-    )
-    draft = MTPDraft(cfg, target)
-    if norm_offset is None:
-        hf_cfg = model_dir / "config.json"
-        mt = json.loads(hf_cfg.read_text()).get("model_type", "") if hf_cfg.is_file() else ""
-        norm_offset = 1.0 if mt.startswith(("qwen3_next", "qwen3_5")) else 0.0
-
-    plan = _native_names(naming, cfg, L)
-    params = dict(draft.named_parameters())
-    state: dict[str, torch.Tensor] = {}
-    for ours, theirs in plan.items():
-        leaf, p = ours.rsplit(".", 1)[-1], params[ours]
-        ref = p.T if leaf in _MATRICES else p  # the fused parameter in HF layout
-        parts = []
-        for name, size in zip(theirs, _sizes(cfg.layer, leaf, ref.shape[0]), strict=True):
-            if name not in where:
-                raise ValueError(f"weights in {model_dir} lack tensor {name!r}")
-            t = handles[where[name]].get_tensor(name)
-            if tuple(t.shape) != (want := (size, *ref.shape[1:])):
-                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {want}")
-            parts.append(t.to(p.dtype))
-        t = torch.cat(parts, dim=0)
-        if leaf in _MATRICES:
-            t = t.T
-        elif "norm" in leaf:
-            t = t + norm_offset
-        state[ours] = t
-
-    used = {s for v in plan.values() for s in v}
-    if naming == "qwen3_next":
-        extra = [k for k in where if k.startswith("mtp.") and k not in used]
-    else:  # any other tensor of a layer >= L, except DeepSeek's copies of the target's
-        skip = (".embed_tokens.weight", ".shared_head.head.weight")
-        ds = [(k, re.match(r"model\.layers\.(\d+)\.", k)) for k in where if k not in used]
-        extra = [k for k, m in ds if m and int(m.group(1)) >= L and not k.endswith(skip)]
-    if extra:
-        raise ValueError(f"unexpected MTP tensors in {model_dir}: {sorted(extra)[:5]}")
-    return _fill(draft, state, model_dir)
+    def drafter(self, version: int = 0) -> MTPDrafter:
+        return MTPDrafter(self, version)
 
 
 class MTPDrafter(FeatureDrafter):
@@ -408,11 +290,16 @@ class MTPDrafter(FeatureDrafter):
         return self.draft.new_cache(num_slots, max_len)
 
     def features(self, hidden: dict[int, torch.Tensor], width: int) -> torch.Tensor:
-        t = self.draft.target
         h = hidden[self.hidden_layers[0]][:, :width]  # [n, width, H] before the final norm
-        return F.rms_norm(h, (h.shape[-1],), t.norm, t.cfg.rms_norm_eps)
+        return self.draft.target.final_state(h)
 
-    def run(self, depth, tokens, feats, positions, slot_start=0):
+    def run(self, depth, tokens, feats, positions, slot_start=0, logits_index=None):
         return self.draft(
-            depth, tokens, feats, positions=positions, cache=self.cache, slot_start=slot_start
+            depth,
+            tokens,
+            feats,
+            positions=positions,
+            cache=self.cache,
+            slot_start=slot_start,
+            logits_index=logits_index,
         )

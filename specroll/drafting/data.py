@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from specroll.engine.engine import Engine, EngineConfig
@@ -111,7 +110,7 @@ def features(
             toks[r, : len(seqs[g])] = torch.tensor(seqs[g])
         o = policy(toks, hidden_layers=(*aux, L), return_logits=False)
         h = o.hidden[L]
-        final = F.rms_norm(h, (h.shape[-1],), policy.norm, policy.cfg.rms_norm_eps)
+        final = policy.final_state(h)
         lse = torch.logsumexp((final @ policy.head_weight) / temperature, dim=-1)  # [n, W]
         cat = torch.cat([o.hidden[a] for a in aux], dim=-1)  # [n, W, 3H]
         for r, g in enumerate(group):

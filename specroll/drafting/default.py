@@ -1,4 +1,4 @@
-"""The in-domain EAGLE-3 draft of a policy, built once and cached.
+"""The in-domain draft of a policy (EAGLE-3 by default, or MTP), built once and cached.
 
 `specroll train` needs a draft before its first speculative rollout. Following the
 paper's finding (§1.4: a draft initialised on the policy's own in-domain outputs accepts
@@ -19,7 +19,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from specroll.drafting.data import DraftData, DraftDataConfig, collect, prompt_ids
@@ -54,15 +54,18 @@ def default_draft(
     policy_dir: str | Path,
     recipe: DefaultDraftRecipe | None = None,
     progress: Callable[..., None] | None = None,
+    kind: str = "eagle3",
 ) -> Path:
-    """Directory of the cached EAGLE-3 draft for `policy` (built on first use).
+    """Directory of the cached draft of architecture `kind` for `policy` (built on first
+    use).
 
     progress(stage, done, total, info) is called with stage 'data' (rollouts) and
     'train' (optimizer steps; info: the loss and per-position acceptance).
     """
     recipe = recipe or DefaultDraftRecipe()
+    recipe = replace(recipe, train=replace(recipe.train, kind=kind))
     policy_dir = Path(policy_dir)
-    root = home() / "drafts" / f"{policy_dir.name}-eagle3-{_key(policy_dir, recipe)}"
+    root = home() / "drafts" / f"{policy_dir.name}-{kind}-{_key(policy_dir, recipe)}"
     final = root / "draft"
     if (final / "config.json").is_file():
         return final

@@ -17,7 +17,6 @@ policy's own read-out rather than from noise.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -27,13 +26,14 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head, load_eagle3, save_eagle3
-from specroll.drafters.mtp import MTPConfig, MTPDraft, load_mtp, load_native_mtp, save_mtp
+from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafters.eagle3_io import load_eagle3
+from specroll.drafters.mtp import MTPConfig, MTPDraft
+from specroll.drafters.mtp_io import load_mtp, load_native_mtp
+from specroll.drafters.trainable import KINDS, TrainableDraft
 from specroll.drafters.ttt import loss_mask, ttt_loss, ttt_unroll
 from specroll.drafting.data import DraftData, Sequence
 from specroll.model.transformer import Transformer
-
-KINDS = ("eagle3", "mtp")
 
 
 @dataclass
@@ -110,41 +110,17 @@ def new_eagle3(
     return head
 
 
-class DraftNet:
-    """The network being trained, behind the three calls the loop needs."""
+def new_mtp(policy: Transformer, seed: int) -> MTPDraft:
+    """One fresh MTP head on `policy`, its decoder layer started as the policy's last."""
+    net = MTPDraft(MTPConfig.for_target(policy.cfg, 1), policy)
+    return net.init_weights(seed, from_last_layer=True)
 
-    def __init__(
-        self, kind: str, policy: Transformer, net: Eagle3Head | MTPDraft, vocab: torch.Tensor | None
-    ):
-        self.kind, self.policy, self.net = kind, policy, net
-        self.vocab = vocab  # target ids of the draft vocabulary (None: all)
-        self.group = net.cfg.layer.num_heads // net.cfg.layer.num_kv_heads
-        self.H = policy.cfg.hidden_size
 
-    @functools.cached_property
-    def w(self) -> torch.Tensor:
-        """[H, V'] the policy's LM head over the draft vocabulary (offline targets only:
-        online training reads the live policy's logits instead of a copy of its head)."""
-        w = self.policy.head_weight.detach()
-        return w if self.vocab is None else w[:, self.vocab].contiguous()
-
-    def features(self, aux: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
-        if self.kind == "eagle3":
-            return self.net.fuse(list(aux.split(self.H, dim=-1)))
-        return final
-
-    def run(self, tokens, hidden, unroll):
-        if self.kind == "eagle3":
-            return self.net(tokens, hidden, unroll=unroll)
-        return self.net(0, tokens, hidden, unroll=unroll)
-
-    def readout(self, state: torch.Tensor) -> torch.Tensor:
-        if self.kind == "eagle3":
-            return self.net.readout(state)
-        return self.net.readout(0, state)
-
-    def save(self, out: Path) -> None:
-        (save_eagle3 if self.kind == "eagle3" else save_mtp)(self.net, out)
+def head_weight(policy: Transformer, vocab: torch.Tensor | None) -> torch.Tensor:
+    """[H, V'] the policy's LM head over a draft vocabulary, detached (offline targets:
+    online training reads the live policy's logits instead of a copy of its head)."""
+    w = policy.head_weight.detach()
+    return w if vocab is None else w[:, vocab].contiguous()
 
 
 def _batches(seqs: list[Sequence], budget: int, g: torch.Generator) -> list[list[int]]:
@@ -186,8 +162,9 @@ def _collate(seqs: list[Sequence]) -> dict[str, torch.Tensor]:
 
 
 def draft_loss(
-    draft: DraftNet,
+    net: TrainableDraft,
     tokens: torch.Tensor,
+    *,
     aux: torch.Tensor,
     final: torch.Tensor | None,
     lengths: torch.Tensor,
@@ -209,42 +186,51 @@ def draft_loss(
     index[mask] = torch.arange(int(mask.sum()))
     with torch.no_grad():
         target = target_logp(mask)
-    feats = draft.features(aux, final)
+    feats = net.features(aux, final)
     start = max(0, int(prompt_lens.min()) - 1 - steps)
-    states = ttt_unroll(draft.run, feats, tokens, steps, draft.group, start)
-    return ttt_loss(states, draft.readout, target, index, decay)
+    states = ttt_unroll(net.step, feats, tokens, steps, net.kv_group, start)
+    return ttt_loss(states, net.readout, target, index, decay)
 
 
 def batch_loss(
-    draft: DraftNet, b: dict[str, torch.Tensor], cfg: DraftTrainConfig, temperature: float
+    net: TrainableDraft,
+    w: torch.Tensor,
+    b: dict[str, torch.Tensor],
+    cfg: DraftTrainConfig,
+    temperature: float,
 ):
-    """Offline TTT loss of one collated batch: targets from the stored final states."""
+    """Offline TTT loss of one collated batch: targets from the stored final states and
+    `w` [H, V'], the policy's LM head over the draft vocabulary (`head_weight`)."""
 
     def target(mask: torch.Tensor) -> torch.Tensor:
-        return (b["final"][mask] @ draft.w) / temperature - b["lse"][mask].unsqueeze(-1)
+        return (b["final"][mask] @ w) / temperature - b["lse"][mask].unsqueeze(-1)
 
     return draft_loss(
-        draft,
+        net,
         b["tokens"],
-        b["aux"],
-        b["final"],
-        b["lengths"],
-        b["prompt_lens"],
-        target,
-        cfg.ttt_steps,
-        cfg.step_decay,
+        aux=b["aux"],
+        final=b["final"],
+        lengths=b["lengths"],
+        prompt_lens=b["prompt_lens"],
+        target_logp=target,
+        steps=cfg.ttt_steps,
+        decay=cfg.step_decay,
     )
 
 
 @torch.no_grad()
 def evaluate(
-    draft: DraftNet, seqs: list[Sequence], cfg: DraftTrainConfig, temperature: float
+    net: TrainableDraft,
+    w: torch.Tensor,
+    seqs: list[Sequence],
+    cfg: DraftTrainConfig,
+    temperature: float,
 ) -> dict:
     """Per-step top-1 agreement and expected acceptance on held-out sequences (token-weighted)."""
     sums: dict[str, list[float]] = {"top1": [0.0] * cfg.ttt_steps, "accept": [0.0] * cfg.ttt_steps}
     counts = [0] * cfg.ttt_steps
     for idx in _batches(seqs, cfg.batch_tokens, torch.Generator().manual_seed(0)):
-        _, m = batch_loss(draft, _collate([seqs[i] for i in idx]), cfg, temperature)
+        _, m = batch_loss(net, w, _collate([seqs[i] for i in idx]), cfg, temperature)
         for j, n in enumerate(m["count"]):
             if n:
                 counts[j] += n
@@ -289,12 +275,12 @@ def train_draft(
                 f"{state_path} was written with other settings; resume with the same ones"
             )
     torch.manual_seed(cfg.seed)
-    net, vocab = _initial_draft(policy, data, cfg, aux, state)
+    net = _initial_draft(policy, data, cfg, aux, state)
     if state is not None:
         net.load_state_dict(state["net"])
     net.use_packed = False
     net.train()
-    draft = DraftNet(cfg.kind, policy, net, vocab)
+    w = head_weight(policy, net.vocab)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     per_epoch = len(_batches(train, cfg.batch_tokens, torch.Generator().manual_seed(cfg.seed)))
@@ -312,7 +298,7 @@ def train_draft(
             for group in opt.param_groups:
                 group["lr"] = lr
             loss, m = batch_loss(
-                draft, _collate([train[i] for i in batches[bi]]), cfg, data.temperature
+                net, w, _collate([train[i] for i in batches[bi]]), cfg, data.temperature
             )
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -332,19 +318,21 @@ def train_draft(
                     }
                 )
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
-                _checkpoint(draft, opt, step, cfg, out)
-    _checkpoint(draft, opt, step, cfg, out)
+                _checkpoint(net, opt, step, cfg, out)
+    _checkpoint(net, opt, step, cfg, out)
     summary = {"steps": step, "train_sequences": len(train), "held_out_sequences": len(held)}
     if held:
-        summary["held_out"] = evaluate(draft, held, cfg, data.temperature)
+        summary["held_out"] = evaluate(net, w, held, cfg, data.temperature)
     summary["data"] = str(data.path)
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     net.eval()
     return out
 
 
-def _initial_draft(policy: Transformer, data: DraftData, cfg: DraftTrainConfig, aux, state):
-    """(network, draft vocabulary) to start from: fresh, or cfg.init to fine-tune."""
+def _initial_draft(
+    policy: Transformer, data: DraftData, cfg: DraftTrainConfig, aux, state
+) -> TrainableDraft:
+    """The network to start from: fresh, or cfg.init to fine-tune."""
     if cfg.kind == "eagle3":
         if cfg.init:
             net = load_eagle3(cfg.init, policy.cfg, embed=policy)
@@ -352,12 +340,12 @@ def _initial_draft(policy: Transformer, data: DraftData, cfg: DraftTrainConfig, 
                 raise ValueError(
                     f"{cfg.init} reads aux layers {net.cfg.aux_layers}, the data holds {aux}"
                 )
-            return net, torch.arange(net.cfg.draft_vocab_size) + net.d2t
+            return net
         if state is not None:
             vocab = state["vocab"]
         else:
             vocab = select_vocab(data.expected_token_mass(policy), cfg.draft_vocab_size)
-        return new_eagle3(policy, vocab, aux, cfg.seed), vocab
+        return new_eagle3(policy, vocab, aux, cfg.seed)
     if cfg.init:
         p = Path(cfg.init)
         if (p / "mtp.safetensors").is_file():
@@ -366,12 +354,11 @@ def _initial_draft(policy: Transformer, data: DraftData, cfg: DraftTrainConfig, 
             net = load_native_mtp(p, policy)
         if net.num_heads != 1:
             raise ValueError(f"{cfg.init} has {net.num_heads} MTP heads; training supports one")
-        return net, None
-    net = MTPDraft(MTPConfig.for_target(policy.cfg, 1), policy)
-    return net.init_weights(cfg.seed, from_last_layer=True), None
+        return net
+    return new_mtp(policy, cfg.seed)
 
 
-def _checkpoint(draft: DraftNet, opt, step: int, cfg: DraftTrainConfig, out: Path) -> None:
+def _checkpoint(net: TrainableDraft, opt, step: int, cfg: DraftTrainConfig, out: Path) -> None:
     """Trainer state (the resume point, written atomically) + the draft in its serving
     layout."""
     out.mkdir(parents=True, exist_ok=True)
@@ -379,12 +366,12 @@ def _checkpoint(draft: DraftNet, opt, step: int, cfg: DraftTrainConfig, out: Pat
     torch.save(
         {
             "step": step,
-            "net": draft.net.state_dict(),
-            "vocab": draft.vocab,
+            "net": net.state_dict(),
+            "vocab": net.vocab,
             "optimizer": opt.state_dict(),
             "config": asdict(cfg),
         },
         tmp,
     )
     os.replace(tmp, out / "trainer.pt")
-    draft.save(out)
+    net.save(out)

@@ -33,13 +33,13 @@ import torch
 from specroll.drafters.base import DraftBatch, Drafter
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.request import Request, Result
+from specroll.engine.slots import CONTEXT, LENGTH, NONE, STOP, Slots
 from specroll.model.transformer import KVCache, Transformer
 from specroll.spec import rng
 from specroll.spec.metrics import CollapseDetector, SpecStats
 from specroll.spec.verify import verify
 
-_NONE, _STOP, _LENGTH, _CONTEXT = 0, 1, 2, 3
-_REASONS = {_STOP: "stop", _LENGTH: "length", _CONTEXT: "context"}
+_REASONS = {STOP: "stop", LENGTH: "length", CONTEXT: "context"}
 
 
 @dataclass
@@ -58,41 +58,6 @@ class EngineConfig:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.prefill_tokens < 1:
             raise ValueError(f"prefill_tokens must be >= 1, got {self.prefill_tokens}")
-
-
-class _Slots:
-    """Slot-indexed state of the rows being decoded (row b = slot b)."""
-
-    def __init__(self, n: int, max_gen: int, max_stops: int, max_len: int, k_max: int) -> None:
-        long = dict(dtype=torch.long)
-        self.pos = torch.zeros(n, **long)  # tokens already in the cache
-        self.last = torch.zeros(n, **long)  # newest token, not yet in the cache
-        self.n_gen = torch.zeros(n, **long)
-        self.max_new = torch.zeros(n, **long)
-        self.seed = torch.zeros(n, **long)
-        self.temperature = torch.zeros(n)
-        self.top_k = torch.zeros(n, **long)
-        self.top_p = torch.ones(n)
-        self.max_draft = torch.full((n,), -1, **long)
-        self.stops = torch.full((n, max(max_stops, 1)), -1, **long)
-        self.tokens = torch.zeros(n, max_gen, **long)  # [S, max_gen]
-        self.logprobs = torch.zeros(n, max_gen)  # [S, max_gen]
-        self.history = torch.zeros(n, max_len, **long)  # [S, L] prompt + generated ids
-        self.finish = torch.zeros(n, **long)  # _NONE / _STOP / _LENGTH / _CONTEXT
-        self.drafts = torch.zeros(n, **long)  # per-request speculation counters
-        self.draft_tokens = torch.zeros(n, **long)
-        self.accepted = torch.zeros(n, **long)
-        self.accepted_pos = torch.zeros(n, max(k_max, 1), **long)  # [S, k_max]
-        self.drafted_pos = torch.zeros(n, max(k_max, 1), **long)
-        self.request = [-1] * n
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
-
-    def move(self, src: int, dst: int) -> None:
-        for t in self.tensors():
-            t[dst] = t[src]
-        self.request[dst] = self.request[src]
 
 
 class Engine:
@@ -124,6 +89,16 @@ class Engine:
 
     # ------------------------------------------------------------------ public API
 
+    @torch.no_grad()
+    def warm(self) -> None:
+        """Prepack the weights now (weight sync calls this after loading new ones), so the
+        first iteration of the next `generate` does not pay it: a generation timing then
+        measures generation, and speculative and plain engines sharing the weights are
+        timed alike."""
+        self.model.packed_weights()
+        if self.drafter is not None:
+            self.drafter.warm()
+
     @torch.inference_mode()
     def generate(
         self,
@@ -145,7 +120,7 @@ class Engine:
         n_slots = min(self.config.max_batch, len(requests))
         self._ensure_cache(n_slots, need_len)
         stops = [self._stops(r) for r in requests]
-        st = _Slots(
+        st = Slots(
             n_slots, max_gen, max(len(s) for s in stops), self.cache.max_len, self.depth.k_max
         )
         if self.drafter is not None:
@@ -189,7 +164,7 @@ class Engine:
 
     # ------------------------------------------------------------------ steps
 
-    def _prefill(self, st: _Slots, start: int, prompts: list[list[int]]) -> None:
+    def _prefill(self, st: Slots, start: int, prompts: list[list[int]]) -> None:
         """Prefill new rows at slots start.. in groups of at most prefill_tokens."""
         hidden_layers = self.drafter.hidden_layers if self.drafter else ()
         i = 0
@@ -231,7 +206,7 @@ class Engine:
                 self.stats.draft_s += time.perf_counter() - t
             i = j
 
-    def _step(self, st: _Slots, B: int, ctx: int) -> int:
+    def _step(self, st: Slots, B: int, ctx: int) -> int:
         """One decoding (k = 0) or speculative (k >= 1) iteration; returns tokens emitted.
 
         Its wall time (draft, target forward, verification, drafter commit) goes back to
@@ -286,7 +261,7 @@ class Engine:
 
     def _accept(
         self,
-        st: _Slots,
+        st: Slots,
         rows: torch.Tensor,
         logits: torch.Tensor,
         num_draft: torch.Tensor,
@@ -330,8 +305,8 @@ class Engine:
         count = torch.minimum(torch.minimum(emitted, stop_at), torch.minimum(budget, room))
         finish = torch.where(
             stop_at <= count,
-            _STOP,
-            torch.where(budget <= count, _LENGTH, torch.where(room <= count, _CONTEXT, _NONE)),
+            STOP,
+            torch.where(budget <= count, LENGTH, torch.where(room <= count, CONTEXT, NONE)),
         )
         lp = ver.logprobs  # [n, K+1]
         keep = col < count.unsqueeze(1)
@@ -371,22 +346,22 @@ class Engine:
             )
             self._collapse = CollapseDetector(self._collapse.window, self._collapse.threshold)
 
-    def _finished(self, st: _Slots, B: int) -> dict[int, str]:
+    def _finished(self, st: Slots, B: int) -> dict[int, str]:
         """Rows that are done after this step, with their finish reason."""
         done = st.finish[:B]
-        if not bool((done != _NONE).any()):
+        if not bool((done != NONE).any()):
             return {}
-        return {b: _REASONS[int(done[b])] for b in (done != _NONE).nonzero().flatten().tolist()}
+        return {b: _REASONS[int(done[b])] for b in (done != NONE).nonzero().flatten().tolist()}
 
     # ------------------------------------------------------------------ bookkeeping
 
     def _admit(
-        self, st: _Slots, b: int, req: Request, j: int, seed: int, stops: tuple[int, ...]
+        self, st: Slots, b: int, req: Request, j: int, seed: int, stops: tuple[int, ...]
     ) -> None:
         p = req.params
         st.request[b] = j
         st.n_gen[b] = 0
-        st.finish[b] = _NONE
+        st.finish[b] = NONE
         st.drafts[b] = st.draft_tokens[b] = st.accepted[b] = 0
         st.accepted_pos[b] = st.drafted_pos[b] = 0
         st.max_new[b] = p.max_new_tokens
@@ -399,7 +374,7 @@ class Engine:
         if stops:
             st.stops[b, : len(stops)] = torch.tensor(stops)
 
-    def _result(self, st: _Slots, b: int, req: Request, j: int, seed: int, reason: str) -> Result:
+    def _result(self, st: Slots, b: int, req: Request, j: int, seed: int, reason: str) -> Result:
         n = int(st.n_gen[b])
         return Result(
             request_id=j if req.request_id is None else req.request_id,

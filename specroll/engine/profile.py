@@ -44,6 +44,10 @@ def time_forward(model: Transformer, B: int, q: int, ctx: int, repeats: int = 5)
     return statistics.median(times)
 
 
+PROFILE_PROMPTS_SEED = 3
+"""Seed of the math prompts a hardware profile is measured on (CLI and training alike)."""
+
+
 def profile(
     model: Transformer,
     drafter: Drafter | None,

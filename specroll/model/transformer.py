@@ -319,6 +319,11 @@ class Transformer(nn.Module):
                     p.normal_(0.0, std, generator=g)
         return self
 
+    def final_state(self, h: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the last layer [..., H] -> the normed final state
+        (the policy's logits are `final_state(h) @ head_weight`; MTP heads read it)."""
+        return F.rms_norm(h, (h.shape[-1],), self.norm, self.cfg.rms_norm_eps)
+
     def packed_weights(self) -> list[dict[str, torch.Tensor]] | None:
         """Per-layer prepacked matrices (+ {"head": LM head} last), or None (see
         PackedWeights; also None when `use_packed` is off)."""
@@ -384,6 +389,6 @@ class Transformer(nn.Module):
             return ModelOutput(None, hidden)
         if logits_index is not None:
             x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        x = F.rms_norm(x, (x.shape[-1],), self.norm, cfg.rms_norm_eps)
+        x = self.final_state(x)
         head = packed[-1]["head"] if packed else None
         return ModelOutput(_mm(x, self.head_weight, head), hidden)

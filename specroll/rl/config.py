@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from specroll.drafters.trainable import KINDS
+
 PRESETS = Path(__file__).parent / "presets"
 
 
@@ -89,8 +91,10 @@ class RolloutConfig:
 
 @dataclass
 class DraftConfig:
-    """The EAGLE-3 draft and its online training."""
+    """The draft (EAGLE-3 or MTP) and its online training."""
 
+    kind: str = "eagle3"
+    """Architecture of a new draft ('eagle3' or 'mtp'); a draft directory says its own."""
     init: str = "default"
     """'default' (in-domain draft built once and cached), 'random', or a draft directory."""
     online: bool = True
@@ -103,6 +107,8 @@ class DraftConfig:
     """Gradient-norm clip of the draft update (separate from the policy's)."""
     ttt_steps: int = 3
     """Training-time-test unroll of the online draft loss."""
+    step_decay: float = 0.8
+    """Weight of unroll step j in the online draft loss is step_decay**j."""
     draft_vocab_size: int = 8192
     """Draft vocabulary when init='random'."""
 
@@ -110,6 +116,10 @@ class DraftConfig:
         _check(self.weight >= 0, f"draft.weight must be >= 0, got {self.weight}")
         _check(self.lr > 0, f"draft.lr must be > 0, got {self.lr}")
         _check(self.ttt_steps >= 1, f"draft.ttt_steps must be >= 1, got {self.ttt_steps}")
+        _check(
+            0 < self.step_decay <= 1, f"draft.step_decay must be in (0, 1], got {self.step_decay}"
+        )
+        _check(self.kind in KINDS, f"draft.kind must be one of {KINDS}, got {self.kind!r}")
 
 
 @dataclass

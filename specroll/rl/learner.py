@@ -1,8 +1,9 @@
 """The learner: log-prob recomputation (stage `logprob`) and the update (stage `train`).
 
 One policy forward per micro-batch serves both objectives (paper §2.4, NeMo-RL #2078):
-the GRPO/DAPO loss on the policy's log-probs, and the online EAGLE-3 loss on the aux
-layers of that *same* forward, read through `detach()` together with the detached policy
+the GRPO/DAPO loss on the policy's log-probs, and the online draft loss (any
+`TrainableDraft`: EAGLE-3 reads three aux layers, MTP the final state) on the states of
+that *same* forward, read through `detach()` together with the detached policy
 distribution as the target. The total is L = L_policy(theta) + lambda * L_draft(phi) with
 no path between them: the draft loss cannot move a policy weight and the policy loss
 cannot move a draft weight (tested to be exactly zero). Each has its own AdamW and its
@@ -15,15 +16,18 @@ response mask marks i in [prompt_len, length).
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from specroll.drafting.train import DraftNet, draft_loss
+from specroll.drafters.trainable import TrainableDraft
+from specroll.drafting.train import draft_loss
 from specroll.model.transformer import Transformer
 from specroll.rl import loss as L
-from specroll.rl.config import DraftConfig, LossConfig, PolicyConfig
+from specroll.rl.config import DraftConfig, LossConfig, PolicyConfig, RolloutConfig
 
 
 @dataclass
@@ -70,25 +74,26 @@ class Learner:
     def __init__(
         self,
         policy: Transformer,
+        *,
         policy_cfg: PolicyConfig,
         loss_cfg: LossConfig,
-        temperature: float,
-        draft: DraftNet | None = None,
+        rollout_cfg: RolloutConfig,
+        draft: TrainableDraft | None = None,
         draft_cfg: DraftConfig | None = None,
         reference: Transformer | None = None,
         decoupled: bool = False,
     ) -> None:
         self.decoupled = decoupled
         """Reweight by pi_prox / pi_behaviour (async: samples from older policies)."""
-        self.policy, self.pcfg, self.lcfg, self.temperature = (
-            policy,
-            policy_cfg,
-            loss_cfg,
-            temperature,
-        )
+        self.policy, self.pcfg, self.lcfg = policy, policy_cfg, loss_cfg
+        self.temperature = rollout_cfg.temperature
+        """The sampling temperature, read from the config the engine's requests come from:
+        the log-probs of the update are those of the distribution that was sampled."""
         self.draft = draft if (draft is not None and draft_cfg and draft_cfg.online) else None
         self.dcfg = draft_cfg
         self.reference = reference
+        self._share = functools.partial(L.micro_share, token_level=loss_cfg.token_level)
+        """The loss variant, chosen once: this micro-batch's share of the aggregate."""
         policy.use_packed = False
         self.opt = torch.optim.AdamW(
             policy.parameters(),
@@ -96,11 +101,15 @@ class Learner:
             betas=(0.9, 0.99),
             weight_decay=policy_cfg.weight_decay,
         )
+        self.hidden_layers: tuple[int, ...] = ()
+        """Policy states the train forward returns: what the online draft reads."""
         self.draft_opt = None
         if self.draft is not None:
-            self.draft.net.use_packed = False
+            last = (policy.cfg.num_layers,) if self.draft.reads_final else ()
+            self.hidden_layers = (*self.draft.aux_layers, *last)
+            self.draft.use_packed = False
             self.draft_opt = torch.optim.AdamW(
-                self.draft.net.parameters(), lr=draft_cfg.lr, betas=(0.9, 0.95)
+                self.draft.parameters(), lr=draft_cfg.lr, betas=(0.9, 0.95)
             )
 
     # ------------------------------------------------------------------ stage: logprob
@@ -159,13 +168,12 @@ class Learner:
             self.draft_opt.zero_grad(set_to_none=True)
         acc = {"policy_loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "draft_loss": 0.0}
         draft_acc: list[list[float]] = []
-        aux = self.draft.net.cfg.aux_layers if self.draft is not None else ()
         for idx in self._micro(sub):
             b = sub.rows(idx)
             rows = torch.tensor([part[i] for i in idx])
             W = b.tokens.shape[1]
             mask = b.response_mask
-            out = self.policy(b.tokens, hidden_layers=aux)
+            out = self.policy(b.tokens, hidden_layers=self.hidden_layers)
             logp = token_logprobs(out.logits, b.tokens, self.temperature)
             per_tok, clipped = L.clipped_objective(
                 logp, old_logp[rows, :W], b.advantages, self.lcfg.clip_low, self.lcfg.clip_high
@@ -179,10 +187,7 @@ class Learner:
                 per_tok = per_tok + self.lcfg.kl_coef * kl
                 acc["kl"] += float((kl.detach() * mask).sum()) / n_tokens  # a statistic only
             m = mask.float()
-            if self.lcfg.token_level:  # this micro-batch's share of the update's token mean
-                loss = (per_tok * m).sum() / n_tokens
-            else:
-                loss = ((per_tok * m).sum(-1) / m.sum(-1).clamp(min=1)).sum() / n_seqs
+            loss = self._share(per_tok, mask, n_tokens, n_seqs)
             acc["policy_loss"] += loss.detach().item()
             acc["clip_frac"] += float((clipped.detach() * m).sum()) / n_tokens
             total = loss
@@ -197,22 +202,27 @@ class Learner:
         )
         self.opt.step()
         if self.draft_opt is not None:
-            params = list(self.draft.net.parameters())
+            params = list(self.draft.parameters())
             acc["draft_grad_norm"] = float(
                 torch.nn.utils.clip_grad_norm_(params, self.dcfg.grad_clip)
             )
             self.draft_opt.step()
-            acc["draft_accept"] = [
-                sum(a[j] for a in draft_acc if a[j] == a[j])
-                / max(1, sum(a[j] == a[j] for a in draft_acc))
+            acc["draft_accept"] = [  # mean over the micro-batches that reached step j
+                sum(a[j] for a in draft_acc if not math.isnan(a[j]))
+                / max(1, sum(not math.isnan(a[j]) for a in draft_acc))
                 for j in range(len(draft_acc[0]))
             ]
         return acc
 
     def _draft_loss(self, b: Batch, out) -> tuple[torch.Tensor, dict]:
-        """Online EAGLE-3 loss on this forward's detached features and distribution."""
+        """Online draft loss on this forward's detached features and distribution."""
         d = self.draft
-        aux = torch.cat([out.hidden[i].detach() for i in d.net.cfg.aux_layers], dim=-1)
+        states = [out.hidden[i].detach() for i in d.aux_layers]
+        aux = torch.cat(states, dim=-1) if states else out.logits.new_zeros((*b.tokens.shape, 0))
+        final = None
+        if d.reads_final:
+            with torch.no_grad():
+                final = self.policy.final_state(out.hidden[self.policy.cfg.num_layers])
         logits = out.logits.detach()
         vocab = d.vocab
 
@@ -221,5 +231,13 @@ class Learner:
             return logp if vocab is None else logp[:, vocab]
 
         return draft_loss(
-            d, b.tokens, aux, None, b.lengths, b.prompt_lens, target, self.dcfg.ttt_steps, 0.8
+            d,
+            b.tokens,
+            aux=aux,
+            final=final,
+            lengths=b.lengths,
+            prompt_lens=b.prompt_lens,
+            target_logp=target,
+            steps=self.dcfg.ttt_steps,
+            decay=self.dcfg.step_decay,
         )

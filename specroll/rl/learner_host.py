@@ -18,30 +18,25 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.eagle3 import Eagle3Head, save_eagle3
-from specroll.drafting.train import DraftNet
+from specroll.drafters.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch, Learner
 
 
-def build_learner(cfg: TrainConfig, policy: Transformer, draft: Eagle3Head | None) -> Learner:
+def build_learner(cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None) -> Learner:
     """The Learner of a run: policy (+ reference copy when KL is on) + online draft."""
     reference = None
     if cfg.loss.kl_coef > 0:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    net = None
-    if draft is not None:
-        vocab = torch.arange(draft.cfg.draft_vocab_size) + draft.d2t
-        net = DraftNet("eagle3", policy, draft, vocab)
     return Learner(
         policy,
-        cfg.policy,
-        cfg.loss,
-        cfg.rollout.temperature,
-        net,
-        cfg.draft,
-        reference,
+        policy_cfg=cfg.policy,
+        loss_cfg=cfg.loss,
+        rollout_cfg=cfg.rollout,
+        draft=draft,
+        draft_cfg=cfg.draft,
+        reference=reference,
         decoupled=cfg.pipeline.max_lag > 0,
     )
 
@@ -49,7 +44,7 @@ def build_learner(cfg: TrainConfig, policy: Transformer, draft: Eagle3Head | Non
 class LocalLearnerHost:
     """The learner in this process."""
 
-    def __init__(self, cfg: TrainConfig, policy: Transformer, draft: Eagle3Head | None) -> None:
+    def __init__(self, cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None) -> None:
         self.policy, self.draft = policy, draft
         self.learner = build_learner(cfg, policy, draft)
 
@@ -84,12 +79,12 @@ class LocalLearnerHost:
             self.learner.draft_opt.load_state_dict(state["draft_opt"])
 
     def export(self, out: Path) -> None:
-        """The trained policy (HF dir) and draft (vLLM EAGLE-3 layout)."""
+        """The trained policy (HF dir) and draft (its serving layout: vLLM's for EAGLE-3)."""
         from specroll.model.weights import save_model
 
         save_model(self.policy, out / "policy")
         if self.draft is not None:
-            save_eagle3(self.draft, out / "draft")
+            self.draft.save(out / "draft")
 
     def close(self) -> None:
         pass
@@ -98,7 +93,8 @@ class LocalLearnerHost:
 class LearnerActor(LocalLearnerHost):
     """The learner in a Ray actor, built from shipped configs and weights."""
 
-    def __init__(self, cfg: TrainConfig, model_cfg, draft_cfg, policy_sd, draft_sd) -> None:
+    def __init__(self, cfg: TrainConfig, model_cfg, draft_spec, policy_sd, draft_sd) -> None:
+        """draft_spec: (TrainableDraft class, its config), or None without a draft."""
         # Ray sets one thread for actors that reserve no CPU; the learner takes its own
         # reservation, or the node's cores when it reserves none (as a driver would)
         torch.set_num_threads(int(cfg.ray.learner_cpus) or os.cpu_count() or 1)
@@ -106,8 +102,9 @@ class LearnerActor(LocalLearnerHost):
         policy = Transformer(model_cfg)
         policy.load_state_dict(policy_sd)
         draft = None
-        if draft_cfg is not None:
-            draft = Eagle3Head(draft_cfg, policy)
+        if draft_spec is not None:
+            cls, draft_cfg = draft_spec
+            draft = cls(draft_cfg, policy)
             draft.load_state_dict(draft_sd)
         super().__init__(cfg, policy, draft)
 
@@ -123,15 +120,15 @@ class LearnerActor(LocalLearnerHost):
 class RayLearnerHost:
     """Proxy to a `LearnerActor`; the same methods as `LocalLearnerHost`."""
 
-    def __init__(self, cfg: TrainConfig, policy: Transformer, draft: Eagle3Head | None) -> None:
+    def __init__(self, cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None) -> None:
         import ray
 
         from specroll.rl.sync import state
 
         rc = cfg.ray
         actor = ray.remote(num_cpus=rc.learner_cpus, num_gpus=rc.learner_gpus)(LearnerActor)
-        dcfg = draft.cfg if draft is not None else None
-        self.actor = actor.remote(cfg, policy.cfg, dcfg, state(policy), state(draft))
+        dspec = (type(draft), draft.cfg) if draft is not None else None
+        self.actor = actor.remote(cfg, policy.cfg, dspec, state(policy), state(draft))
 
     def _get(self, ref):
         import ray

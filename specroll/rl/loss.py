@@ -86,3 +86,15 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, token_level: bool) ->
         return (per_token * m).sum() / m.sum().clamp(min=1)
     per_seq = (per_token * m).sum(-1) / m.sum(-1).clamp(min=1)
     return per_seq.mean()
+
+
+def micro_share(
+    per_token: torch.Tensor, mask: torch.Tensor, n_tokens: float, n_seqs: float, token_level: bool
+) -> torch.Tensor:
+    """One micro-batch's share of `aggregate` over the whole update (n_tokens masked
+    tokens in n_seqs sequences): the shares of all micro-batches sum to the aggregate, so
+    accumulating their gradients gives the full batch's."""
+    m = mask.float()
+    if token_level:
+        return (per_token * m).sum() / n_tokens
+    return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1)).sum() / n_seqs

@@ -26,49 +26,24 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.eagle3 import Eagle3Drafter, Eagle3Head, load_eagle3
-from specroll.drafting.train import new_eagle3
+from specroll.drafters.trainable import TrainableDraft, replica
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
-from specroll.engine.request import Request, SamplingParams
+from specroll.engine.request import Request
 from specroll.model.transformer import Transformer
-from specroll.rl import checkpoint, rundir
+from specroll.rl import checkpoint, rundir, tensorboard
 from specroll.rl import loss as L
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch
 from specroll.rl.mismatch import logprob_tolerance
 from specroll.rl.rollout import LocalRollout, Pending
+from specroll.rl.workload import VALIDATION_SEED, Workload, step_seed
 from specroll.sim.costmodel import CostModel
-from specroll.tasks.arithmetic import Problem
-from specroll.tasks.reward import math_reward
-from specroll.tasks.sets import encode, load_file, math_problems
-
-VAL_SEED_OFFSET = 10_000
-"""Validation problems come from seed + this (a separate stream from training's)."""
+from specroll.tasks.sets import encode, math_problems
 
 
 class Interrupted(Exception):
     """Raised at a stage boundary after Ctrl-C; the pipeline saves and exits."""
-
-
-def task_items(cfg: TrainConfig) -> list[Problem] | None:
-    """The problems of a file task (checked: answers present, more than the validation
-    set), or None for the procedural math task. Called before any model is loaded."""
-    if cfg.data.task == "math":
-        return None
-    items = load_file(cfg.data.task)
-    missing = [p.uid for p in items if not p.answer]
-    if missing:
-        raise ValueError(
-            f"{cfg.data.task}: records without an answer ('answer' or "
-            f"reward_model.ground_truth): {', '.join(missing[:5])}"
-        )
-    if len(items) <= cfg.data.val_size:
-        raise ValueError(
-            f"{cfg.data.task} holds {len(items)} problems, not more than "
-            f"data.val_size={cfg.data.val_size}"
-        )
-    return items
 
 
 class Trainer:
@@ -79,7 +54,7 @@ class Trainer:
         cfg: TrainConfig,
         policy: Transformer,
         tok,
-        draft: Eagle3Head | None,
+        draft: TrainableDraft | None,
         log: Callable[[str], None] = print,
     ) -> None:
         self.cfg, self.tok, self.log = cfg, tok, log
@@ -92,9 +67,8 @@ class Trainer:
         drafter, depth = None, None
         self.engine_draft = None
         if draft is not None and cfg.rollout.speculative:
-            self.engine_draft = Eagle3Head(draft.cfg, self.engine_policy).eval()
-            self.engine_draft.load_state_dict(draft.state_dict())
-            drafter = Eagle3Drafter(self.engine_draft)
+            self.engine_draft = replica(draft, self.engine_policy)
+            drafter = self.engine_draft.drafter()
             if cfg.rollout.depth == "adaptive":
                 depth = AdaptiveDepth(self._cost_model(drafter), k_max=cfg.rollout.k)
             else:
@@ -111,8 +85,10 @@ class Trainer:
             from specroll.rl.learner_host import RayLearnerHost
             from specroll.rl.ray_rollout import RayRollout
 
-            dcfg = self.engine_draft.cfg if drafter is not None else None
-            self.rollout = RayRollout(cfg.ray, self.engine_policy.cfg, dcfg, ecfg, depth)
+            dspec = None  # what a worker needs to rebuild the draft: (class, config)
+            if drafter is not None:
+                dspec = (type(self.engine_draft), self.engine_draft.cfg)
+            self.rollout = RayRollout(cfg.ray, self.engine_policy.cfg, dspec, ecfg, depth)
             self.rollout.publish(0, self.engine_policy, self.engine_draft)
             self.host = RayLearnerHost(cfg, policy, draft)
         else:
@@ -127,43 +103,17 @@ class Trainer:
         self.dropped = 0
         """Samples dropped for being more than pipeline.max_lag versions old."""
         self._stop = False
-        self._file_items = task_items(cfg)
+        self.work = Workload(cfg, tok)
+        """What each step samples: problems, requests and their seeds, rewards."""
 
     def _cost_model(self, drafter) -> CostModel:
         """The hardware profile for adaptive depth: given, cached, or measured now."""
-        from specroll.engine.profile import cached_profile
+        from specroll.engine.profile import PROFILE_PROMPTS_SEED, cached_profile
 
-        prompts = [encode(self.tok, p) for p in math_problems(8, seed=3)]
+        prompts = [encode(self.tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)]
         return cached_profile(
             self.engine_policy, drafter, prompts, self.cfg.rollout.profile, self.log
         )
-
-    # ------------------------------------------------------------------ data
-
-    def problems(self, step: int) -> list[Problem]:
-        """The prompts of `step` (a pure function of seed and step)."""
-        d, seed = self.cfg.data, self.cfg.pipeline.seed
-        P = d.prompts_per_step
-        if self._file_items is None:
-            return math_problems((step + 1) * P, seed, d.levels)[step * P :]
-        train = self._file_items[: len(self._file_items) - d.val_size]
-        out = []
-        for i in range(step * P, (step + 1) * P):
-            epoch, j = divmod(i, len(train))
-            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed + epoch))
-            out.append(train[int(perm[j])])
-        return out
-
-    def validation(self) -> list[Problem]:
-        d = self.cfg.data
-        if self._file_items is not None:
-            return self._file_items[len(self._file_items) - d.val_size :]
-        return math_problems(d.val_size, self.cfg.pipeline.seed + VAL_SEED_OFFSET, d.levels)
-
-    def step_requests(self, step: int) -> list[Request]:
-        """The rollout requests of `step` (a pure function of seed and step)."""
-        seed = (self.cfg.pipeline.seed * 1_000_003 + step) * 100_000
-        return self._requests(self.problems(step), self.cfg.data.group_size, seed)
 
     def _rollouts(self, s: int, reqs: list[Request]):
         """Step s's rollouts and {lag: samples}.
@@ -178,7 +128,9 @@ class Trainer:
         L = self.cfg.pipeline.max_lag
         for t in range(s, min(s + L, self.cfg.pipeline.steps - 1) + 1):
             if t not in self._inflight:
-                self._inflight[t] = self.rollout.submit(reqs if t == s else self.step_requests(t))
+                self._inflight[t] = self.rollout.submit(
+                    reqs if t == s else self.work.step_requests(t)
+                )
         results, spec = self._inflight.pop(s).result()
         stale = sum(s - r.policy_version > L for r in results)
         if stale:
@@ -196,25 +148,11 @@ class Trainer:
             lag[s - r.policy_version] = lag.get(s - r.policy_version, 0) + 1
         return results, spec, lag
 
-    def _requests(self, problems: list[Problem], samples: int, base_seed: int) -> list[Request]:
-        r = self.cfg.rollout
-        reqs = []
-        for i, p in enumerate(problems):
-            ids = encode(self.tok, p)
-            for g in range(samples):
-                params = SamplingParams(
-                    r.temperature, max_new_tokens=r.max_new_tokens, seed=base_seed + i * samples + g
-                )
-                reqs.append(Request(ids, params))
-        return reqs
-
-    def _rewards(self, problems: list[Problem], results, samples: int) -> torch.Tensor:
-        out = []
-        for i, res in enumerate(results):
-            p = problems[i // samples]
-            text = p.response_prefix + self.tok.decode(res.token_ids)
-            out.append(math_reward(text, p.answer))
-        return torch.tensor(out).view(len(problems), samples)
+    def _shadow(self, reqs: list[Request]) -> float:
+        """Seconds to generate `reqs` without speculation (results discarded)."""
+        t0 = time.perf_counter()
+        self.rollout.generate(reqs, plain=True)
+        return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ step
 
@@ -228,24 +166,26 @@ class Trainer:
         d = cfg.data
         G = d.group_size
         t = {"prepare": 0.0}
-        torch.manual_seed(cfg.pipeline.seed * 1_000_003 + s)
+        torch.manual_seed(step_seed(cfg.pipeline.seed, s))
 
-        t0 = time.perf_counter()
-        problems = self.problems(s)
-        reqs = self.step_requests(s)
-        results, spec, lag = self._rollouts(s, reqs)
-        t["gen"] = time.perf_counter() - t0  # async: only the exposed part (learner waits)
-        shadow_s = None
+        problems = self.work.problems(s)
+        reqs = self.work.step_requests(s)
         every = cfg.pipeline.shadow_every
         shadow = every and s % every == 0 and self.engine.drafter is not None
-        if shadow and not cfg.pipeline.max_lag:
-            t1 = time.perf_counter()  # plain decoding of the same requests, same weights
-            self.rollout.generate(reqs, plain=True)
-            shadow_s = time.perf_counter() - t1
+        shadow = shadow and not cfg.pipeline.max_lag
+        # plain decoding of the same requests on the same weights; every other time it
+        # runs first, so that neither side always comes right after the learner's update
+        shadow_first = shadow and (s // every) % 2 == 1
+        shadow_s = self._shadow(reqs) if shadow_first else None
+        t0 = time.perf_counter()
+        results, spec, lag = self._rollouts(s, reqs)
+        t["gen"] = time.perf_counter() - t0  # async: only the exposed part (learner waits)
+        if shadow and not shadow_first:
+            shadow_s = self._shadow(reqs)
         self._check_stop()
 
         t0 = time.perf_counter()
-        rewards = self._rewards(problems, results, G)  # [P, G]
+        rewards = self.work.rewards(problems, results, G)  # [P, G]
         lengths_resp = torch.tensor([len(r.token_ids) for r in results])
         shaped = rewards + L.overlong_penalty(
             lengths_resp, cfg.rollout.max_new_tokens, cfg.loss.overlong_buffer
@@ -340,11 +280,11 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> float:
         """Accuracy (one sample per held-out prompt, fixed seeds) of the current policy."""
-        probs = self.validation()
+        probs = self.work.validation()
         if not probs:
             return float("nan")
-        results, _ = self.rollout.generate(self._requests(probs, 1, base_seed=7_777_777))
-        return round(float(self._rewards(probs, results, 1).mean()), 4)
+        results, _ = self.rollout.generate(self.work.requests(probs, 1, VALIDATION_SEED))
+        return round(float(self.work.rewards(probs, results, 1).mean()), 4)
 
     # ------------------------------------------------------------------ state
 
@@ -406,7 +346,7 @@ class Trainer:
             metrics_path.write_text("".join(line + "\n" for line in kept))
         else:
             metrics_path.write_text("")
-        writer = _tensorboard(self.out) if cfg.log.tensorboard else None
+        writer = tensorboard.writer(self.out) if cfg.log.tensorboard else None
         history: list[dict] = []
         previous = signal.getsignal(signal.SIGINT)
 
@@ -433,7 +373,7 @@ class Trainer:
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(m) + "\n")
                 if writer is not None:
-                    _tb_write(writer, m)
+                    tensorboard.write(writer, m)
                 history.append(m)
                 if on_step:
                     on_step(m)
@@ -461,47 +401,3 @@ class Trainer:
         """The trained policy (HF dir, with tokenizer) and draft (vLLM EAGLE-3 layout)."""
         self.host.export(self.out.resolve())
         self.tok.hf.save_pretrained(str(self.out / "policy"))
-
-
-def _tensorboard(out: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as e:
-        raise ValueError("log.tensorboard=true needs the tensorboard package installed") from e
-    return SummaryWriter(str(out / "tb"))
-
-
-def _tb_write(writer, m: dict) -> None:
-    for k, v in m.items():
-        if isinstance(v, (int, float)) and k != "step":
-            writer.add_scalar(k, v, m["step"])
-        elif isinstance(v, dict):
-            for kk, vv in v.items():
-                writer.add_scalar(f"{k}/{kk}", vv, m["step"])
-
-
-def build_draft(
-    cfg: TrainConfig, policy: Transformer, tok, policy_dir: Path, progress=None
-) -> Eagle3Head | None:
-    """The draft the run starts from (None when speculation and online training are off)."""
-    if not cfg.rollout.speculative and not cfg.draft.online:
-        return None
-    init = cfg.draft.init
-    if init == "random":
-        g = torch.Generator().manual_seed(cfg.pipeline.seed)
-        size = min(cfg.draft.draft_vocab_size, policy.cfg.vocab_size)
-        vocab = torch.randperm(policy.cfg.vocab_size, generator=g)[:size].sort().values
-        from specroll.drafting.data import default_aux_layers
-
-        return new_eagle3(policy, vocab, default_aux_layers(policy), cfg.pipeline.seed)
-    if init == "default":
-        from specroll.drafting.default import default_draft
-
-        path = default_draft(policy, tok, policy_dir, progress=progress)
-    else:
-        path = Path(init)
-        if not (path / "config.json").is_file():
-            raise ValueError(
-                f"draft.init={init!r}: expected 'default', 'random' or a draft directory"
-            )
-    return load_eagle3(path, policy.cfg, embed=policy)

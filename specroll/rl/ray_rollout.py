@@ -62,17 +62,18 @@ class RolloutWorker:
     """One engine replica in its own process (run as a Ray actor)."""
 
     def __init__(
-        self, model_cfg: ModelConfig, draft_cfg, engine_cfg: EngineConfig, depth, threads: float
+        self, model_cfg: ModelConfig, draft_spec, engine_cfg: EngineConfig, depth, threads: float
     ):
-        from specroll.drafters.eagle3 import Eagle3Drafter, Eagle3Head
+        """draft_spec: (TrainableDraft class, its config), or None without speculation."""
         from specroll.model.transformer import Transformer
 
         torch.set_num_threads(max(1, int(threads)))
         model = Transformer(model_cfg).eval()
         draft, drafter = None, None
-        if draft_cfg is not None:
-            draft = Eagle3Head(draft_cfg, model).eval()
-            drafter = Eagle3Drafter(draft)
+        if draft_spec is not None:
+            cls, draft_cfg = draft_spec
+            draft = cls(draft_cfg, model).eval()
+            drafter = draft.drafter()
         engine = Engine(model, engine_cfg, drafter, depth if drafter else None)
         self.local = LocalRollout(engine, draft)  # the in-process backend, in this actor
         self.version: int | None = None
@@ -99,7 +100,7 @@ class RayRollout(Rollout):
         self,
         rc: RayConfig,
         model_cfg: ModelConfig,
-        draft_cfg,
+        draft_spec,
         engine_cfg: EngineConfig,
         depth,
     ) -> None:
@@ -110,7 +111,7 @@ class RayRollout(Rollout):
         self._actor = ray.remote(
             num_cpus=rc.cpus_per_worker, num_gpus=rc.gpus_per_worker, max_restarts=0
         )(RolloutWorker)
-        self._args = (model_cfg, draft_cfg, engine_cfg, depth, rc.cpus_per_worker)
+        self._args = (model_cfg, draft_spec, engine_cfg, depth, rc.cpus_per_worker)
         self.workers = [self._spawn() for _ in range(rc.workers)]
         self.version = -1
         self.weights: list = []

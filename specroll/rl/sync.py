@@ -60,3 +60,4 @@ class LocalSync:
         if draft is not None and self.engine_draft is not None:
             _copy_into(self.engine_draft, draft, "draft")
             self.engine.drafter.version = version
+        self.engine.warm()  # repacking is part of the weight sync (stage `prepare`)

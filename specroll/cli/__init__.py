@@ -1,0 +1,42 @@
+"""specroll command line: `specroll model | generate | bench | train | simulate | draft`
+(see --help).
+
+One module per sub-command, each with its `add_parser`; rich draws progress and tables.
+Results (completions, `--json` reports, paths) go to stdout and everything else (progress,
+timings, statistics, errors) to stderr, so `specroll generate > out.txt` captures the text.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.text import Text
+
+from specroll.cli import bench, common, draft, generate, train
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specroll", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    generate.add_parser(sub)
+    bench.add_parser(sub)
+    train.add_parser(sub)
+    from specroll.sim.command import add_parser as add_simulate
+
+    add_simulate(sub)
+    draft.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as e:
+        # soft_wrap: a long path stays one piece; Text: brackets in it are not markup
+        common.console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        common.console.print("[yellow]interrupted[/]")
+        return 130
+    return 0

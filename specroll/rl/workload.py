@@ -1,0 +1,106 @@
+"""What each RL step samples: its problems, the requests (with their seeds) and rewards.
+
+Everything here is a pure function of (pipeline.seed, step), which is what makes a
+resumed run repeat the uninterrupted one exactly; every seed the pipeline derives from
+its base seed is defined in this file, once (the profile's prompts: engine.profile).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specroll.engine.request import Request, SamplingParams
+from specroll.rl.config import TrainConfig
+from specroll.tasks.arithmetic import Problem
+from specroll.tasks.reward import math_reward
+from specroll.tasks.sets import encode, load_file, math_problems
+
+STEP_STRIDE = 1_000_003
+"""step_seed(base, s) = base * STEP_STRIDE + s: distinct (base, step) pairs never meet."""
+REQUESTS_PER_STEP = 100_000
+"""Request seeds of step s start at step_seed * this (room for that many rollouts)."""
+VAL_SEED_OFFSET = 10_000
+"""Validation problems come from seed + this (a separate stream from training's)."""
+VALIDATION_SEED = 7_777_777
+"""First request seed of the validation rollouts (the same every time: comparable)."""
+
+
+def step_seed(base: int, step: int) -> int:
+    """The seed of everything step `step` draws (torch's global RNG, request seeds)."""
+    return base * STEP_STRIDE + step
+
+
+def task_items(cfg: TrainConfig) -> list[Problem] | None:
+    """The problems of a file task (checked: answers present, more than the validation
+    set), or None for the procedural math task. Called before any model is loaded."""
+    if cfg.data.task == "math":
+        return None
+    items = load_file(cfg.data.task)
+    missing = [p.uid for p in items if not p.answer]
+    if missing:
+        raise ValueError(
+            f"{cfg.data.task}: records without an answer ('answer' or "
+            f"reward_model.ground_truth): {', '.join(missing[:5])}"
+        )
+    if len(items) <= cfg.data.val_size:
+        raise ValueError(
+            f"{cfg.data.task} holds {len(items)} problems, not more than "
+            f"data.val_size={cfg.data.val_size}"
+        )
+    return items
+
+
+class Workload:
+    """The task of a run, step by step."""
+
+    def __init__(self, cfg: TrainConfig, tok) -> None:
+        self.cfg, self.tok = cfg, tok
+        self._file_items = task_items(cfg)
+
+    def problems(self, step: int) -> list[Problem]:
+        """The prompts of `step` (a pure function of seed and step)."""
+        d, seed = self.cfg.data, self.cfg.pipeline.seed
+        P = d.prompts_per_step
+        if self._file_items is None:
+            return math_problems((step + 1) * P, seed, d.levels)[step * P :]
+        train = self._file_items[: len(self._file_items) - d.val_size]
+        out = []
+        for i in range(step * P, (step + 1) * P):
+            epoch, j = divmod(i, len(train))
+            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed + epoch))
+            out.append(train[int(perm[j])])
+        return out
+
+    def validation(self) -> list[Problem]:
+        """The held-out problems (the file's last `val_size`, or their own math stream)."""
+        d = self.cfg.data
+        if self._file_items is not None:
+            return self._file_items[len(self._file_items) - d.val_size :]
+        return math_problems(d.val_size, self.cfg.pipeline.seed + VAL_SEED_OFFSET, d.levels)
+
+    def step_requests(self, step: int) -> list[Request]:
+        """The rollout requests of `step` (a pure function of seed and step)."""
+        seed = step_seed(self.cfg.pipeline.seed, step) * REQUESTS_PER_STEP
+        return self.requests(self.problems(step), self.cfg.data.group_size, seed)
+
+    def requests(self, problems: list[Problem], samples: int, base_seed: int) -> list[Request]:
+        """`samples` requests per problem, seeded base_seed, base_seed + 1, ..."""
+        r = self.cfg.rollout
+        reqs = []
+        for i, p in enumerate(problems):
+            ids = encode(self.tok, p)
+            for g in range(samples):
+                params = SamplingParams(
+                    r.temperature, max_new_tokens=r.max_new_tokens, seed=base_seed + i * samples + g
+                )
+                reqs.append(Request(ids, params))
+        return reqs
+
+    def rewards(self, problems: list[Problem], results, samples: int) -> torch.Tensor:
+        """[P, samples] math-verified rewards of the results (in request order)."""
+        out = []
+        for i, res in enumerate(results):
+            p = problems[i // samples]
+            text = p.response_prefix + self.tok.decode(res.token_ids)
+            out.append(math_reward(text, p.answer))
+        return torch.tensor(out).view(len(problems), samples)
