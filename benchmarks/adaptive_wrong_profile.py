@@ -54,7 +54,7 @@ import torch
 from specroll.drafters.build import build_drafter
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
-from specroll.engine.profile import cached_profile
+from specroll.engine.profile import PROFILE_PROMPTS_SEED, cached_profile
 from specroll.engine.request import Request, SamplingParams
 from specroll.model import load_model
 from specroll.model.hub import home, resolve
@@ -147,7 +147,7 @@ def main() -> None:
     model, tok = load_model(path).eval(), Tokenizer(path)
     spec = drafter_spec(args.drafter)
     drafter = build_drafter(spec, model)
-    prof_prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=3)]
+    prof_prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=PROFILE_PROMPTS_SEED)]
     cm = cached_profile(model, drafter, prof_prompts, args.profile, log)
     # as in training: a cached profile that disagrees with the measured times is marked
     # stale (measured again by the next run); the wrong one never touches the cache
@@ -173,8 +173,6 @@ def main() -> None:
         m: [adaptive[m].best(B, 100.0) for B in (1, 2, 4, 8, 16, 32)]
         for m in modes
         if m in adaptive
-        for m in modes
-        if m in adaptive
     }
     log(f"profile's best k at B = 1,2,4,8,16,32 (ctx 100): {what_profile}")
     warm = [
@@ -194,7 +192,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 res = engines[m].generate(reqs)
                 dt = time.perf_counter() - t0
-            s = engines[m].stats
+            s = res.stats
             n = sum(len(x.token_ids) for x in res)
             runs[m].append(
                 {

@@ -33,7 +33,7 @@ import torch
 from specroll.drafters.eagle3 import Eagle3Drafter
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
-from specroll.engine.profile import cached_profile
+from specroll.engine.profile import PROFILE_PROMPTS_SEED, cached_profile
 from specroll.engine.request import Request, SamplingParams
 from specroll.model import load_model
 from specroll.model.hub import resolve
@@ -82,7 +82,10 @@ def main() -> None:
     head = build_draft(cfg, policy, tok, d).eval()
     drafter = Eagle3Drafter(head)
     cm = cached_profile(
-        policy, drafter, [encode(tok, p) for p in math_problems(8, seed=3)], args.profile
+        policy,
+        drafter,
+        [encode(tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)],
+        args.profile,
     )
     sets = [
         requests(tok, args.prompts, args.samples, args.new_tokens, r) for r in range(args.repeats)
@@ -109,7 +112,7 @@ def main() -> None:
             t0 = time.perf_counter()
             res = engines[n].generate(sets[r])
             dt = time.perf_counter() - t0
-            s = engines[n].stats
+            s = res.stats
             runs[n].append(
                 {
                     "s": dt,

@@ -28,7 +28,7 @@ import json
 
 import torch
 
-from specroll.engine.bench import _median_time
+from specroll.engine.bench import median_time
 from specroll.sim.catalogue import model_spec
 
 ROWS = (1, 4, 16)
@@ -38,7 +38,7 @@ def _median_ms(fn, repeats: int) -> float:
     """Median wall time of fn() in ms, after 3 warm-up calls."""
     for _ in range(3):
         fn()
-    return _median_time(repeats, fn) * 1e3
+    return median_time(repeats, fn) * 1e3
 
 
 def stack_shapes() -> list[tuple[int, int]]:

@@ -30,7 +30,7 @@ from pathlib import Path
 def run(workers: int, lag: int, spec: bool, steps: int, out: Path) -> dict:
     cmd = [
         sys.executable, "-m", "specroll.cli", "train", "--steps", str(steps), "--out", str(out),
-        "--set", "ray.enabled=true", "--set", f"ray.workers={workers}",
+        "--set", "rollout.backend=ray", "--set", f"ray.workers={workers}",
         "--set", f"pipeline.max_lag={lag}", "--set", f"rollout.speculative={str(spec).lower()}",
         "--set", "data.val_size=0", "--set", "pipeline.shadow_every=0",
         "--set", "pipeline.checkpoint_every=0",

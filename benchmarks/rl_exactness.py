@@ -49,14 +49,14 @@ def run(seed: int, speculative: bool, steps: int, out: str) -> dict:
     )
     t = Trainer(cfg, policy, tok, build_draft(cfg, policy, tok, d), log=lambda m: None)
     lengths: list[int] = []
-    generate = t.engine.generate
+    generate = t.rollout.engine.generate
 
     def spy(reqs, *a, **k):
         res = generate(reqs, *a, **k)
         lengths.extend(len(r.token_ids) for r in res)
         return res
 
-    t.engine.generate = spy
+    t.rollout.engine.generate = spy
     rows = [t.run_step() for _ in range(steps)]
     return {"lengths": lengths, "rows": rows}
 

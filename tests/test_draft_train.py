@@ -70,7 +70,7 @@ def test_unroll_equals_incremental_drafting(target, kind, start):
     else:
         net = MTPDraft(MTPConfig.for_target(TARGET, 1), target).init_weights(3, 0.1)
     _perturb(net, 4)
-    net.use_packed = False
+    net.for_training()
     assert isinstance(net, TrainableDraft) and net.kind == kind
     with torch.no_grad():
         out = target(x, hidden_layers=(2, 1, 4))

@@ -143,6 +143,36 @@ def test_results_carry_timing_and_ids(tiny_model):
         assert len(r.logprobs) == len(r.token_ids) and all(lp <= 0 for lp in r.logprobs)
 
 
+def test_load_weights_versions_results_and_refuses_foreign_tensors(tiny_model):
+    """Weight sync through the engine's own API: the tensors land in place (a fresh
+    engine on the same weights samples the same tokens), every result carries the
+    version, the call's stats come back with its results, and a mismatch names what is
+    wrong without stamping the new version."""
+    import copy
+
+    from specroll.drafters.ngram import NgramDrafter
+
+    reqs = [Request(q, SamplingParams(max_new_tokens=6, seed=i)) for i, q in enumerate(_prompts(4))]
+    other = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    eng = Engine(copy.deepcopy(tiny_model), drafter=NgramDrafter())
+    eng.load_weights(3, {k: v.detach() for k, v in other.state_dict().items()})
+    out = eng.generate(reqs)
+    fresh = Engine(other, drafter=NgramDrafter()).generate(reqs)
+    assert [r.token_ids for r in out] == [r.token_ids for r in fresh]
+    assert {(r.policy_version, r.draft_version) for r in out} == {(3, 3)}
+    # decode iterations emit every token but each row's first (prefill samples that one)
+    assert out.stats.drafts > 0
+    assert out.stats.emitted_tokens == sum(len(r.token_ids) - 1 for r in out)
+    with pytest.raises(ValueError, match="names differ"):
+        eng.load_weights(4, {"nonsense": torch.zeros(1)})
+    with pytest.raises(ValueError, match="draft weights given"):
+        eng.load_weights(4, other.state_dict(), {"w": torch.zeros(1)})  # n-gram has none
+    assert eng.policy_version == 3
+
+
 @pytest.mark.parametrize(
     "kwargs,field",
     [

@@ -60,7 +60,7 @@ def _same(a: dict, b: dict) -> None:
 
 def test_sync_on_ray_gives_the_single_process_metrics(local_ray, tiny, tmp_path):
     here = _trainer(tiny, tmp_path / "a")
-    there = _trainer(tiny, tmp_path / "b", "ray.enabled=true", "ray.workers=2")
+    there = _trainer(tiny, tmp_path / "b", "rollout.backend=ray", "ray.workers=2")
     try:
         for _ in range(3):
             _same(here.run_step(), there.run_step())
@@ -69,7 +69,7 @@ def test_sync_on_ray_gives_the_single_process_metrics(local_ray, tiny, tmp_path)
 
 
 def test_async_respects_max_lag(local_ray, tiny, tmp_path):
-    t = _trainer(tiny, tmp_path, "ray.enabled=true", "pipeline.max_lag=1", "pipeline.steps=4")
+    t = _trainer(tiny, tmp_path, "rollout.backend=ray", "pipeline.max_lag=1", "pipeline.steps=4")
     seen = []
     generate = t.rollout.submit
 
@@ -93,10 +93,10 @@ def test_async_respects_max_lag(local_ray, tiny, tmp_path):
 
 
 def test_a_killed_worker_loses_and_duplicates_nothing(local_ray, tiny, tmp_path):
-    t = _trainer(tiny, tmp_path, "ray.enabled=true", "ray.workers=2")
+    t = _trainer(tiny, tmp_path, "rollout.backend=ray", "ray.workers=2")
     reqs = t.work.step_requests(0)
     try:
-        expected = t.engine.generate(reqs)
+        expected = t.rollout.generate(reqs)[0]  # the same weights, no failure
         pending = t.rollout.submit(reqs)
         local_ray.kill(t.rollout.workers[0], no_restart=True)  # mid-step
         results, stats = pending.result()
@@ -111,11 +111,12 @@ def test_a_killed_worker_loses_and_duplicates_nothing(local_ray, tiny, tmp_path)
 
 def test_a_worker_refuses_a_draft_of_another_shape(local_ray, tiny, tmp_path):
     from specroll.drafting.train import new_eagle3
+    from specroll.rl.rollout import state
 
-    t = _trainer(tiny, tmp_path, "ray.enabled=true", "ray.workers=1")
+    t = _trainer(tiny, tmp_path, "rollout.backend=ray", "ray.workers=1")
     try:
         other = new_eagle3(t.policy, torch.arange(32), t.draft.cfg.aux_layers, 0)
-        t.rollout.publish(1, t.policy, other)
+        t.rollout.publish(1, state(t.policy), state(other))
         with pytest.raises(Exception, match="lm_head"):
             t.rollout.generate(t.work.step_requests(0))
     finally:
@@ -123,12 +124,12 @@ def test_a_worker_refuses_a_draft_of_another_shape(local_ray, tiny, tmp_path):
 
 
 def test_checkpoint_resume_on_ray(local_ray, tiny, tmp_path):
-    full = _trainer(tiny, tmp_path / "a", "ray.enabled=true")
+    full = _trainer(tiny, tmp_path / "a", "rollout.backend=ray")
     try:
         rows = full.run()
     finally:
         full.close()
-    t = _trainer(tiny, tmp_path / "b", "ray.enabled=true", "pipeline.checkpoint_every=1")
+    t = _trainer(tiny, tmp_path / "b", "rollout.backend=ray", "pipeline.checkpoint_every=1")
 
     def stop_after_two(m):
         if m["step"] == 2:
@@ -139,7 +140,7 @@ def test_checkpoint_resume_on_ray(local_ray, tiny, tmp_path):
             t.run(on_step=stop_after_two)
     finally:
         t.close()
-    resumed = _trainer(tiny, tmp_path / "b", "ray.enabled=true", "pipeline.checkpoint_every=1")
+    resumed = _trainer(tiny, tmp_path / "b", "rollout.backend=ray", "pipeline.checkpoint_every=1")
     try:
         resumed.run(resume=True)
     finally:
@@ -151,4 +152,4 @@ def test_checkpoint_resume_on_ray(local_ray, tiny, tmp_path):
 
 def test_resources_that_cannot_fit_fail_fast(local_ray, tiny, tmp_path):
     with pytest.raises(ValueError, match="ray.workers"):
-        _trainer(tiny, tmp_path, "ray.enabled=true", "ray.workers=3")
+        _trainer(tiny, tmp_path, "rollout.backend=ray", "ray.workers=3")

@@ -11,6 +11,7 @@ import torch
 
 from specroll.rl import loss as L
 from specroll.rl.config import build_config
+from specroll.rl.learner import Batch
 
 
 def test_group_advantages_by_hand():
@@ -85,10 +86,10 @@ def _trainer(tiny_setup, tmp_path, *overrides):
 def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path, kind):
     t = _trainer(tiny_setup, tmp_path, f"draft.kind={kind}")
     assert t.draft.kind == kind
-    results = t.engine.generate(t.work.requests(t.work.problems(0), 2, base_seed=5))
-    batch = t._batch(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
-    old = t.learner.logprobs(batch) - 0.05  # ratios != 1: a non-trivial policy gradient
-    learner, policy, draft = t.learner, t.policy, t.draft
+    results = t.rollout.engine.generate(t.work.requests(t.work.problems(0), 2, base_seed=5))
+    batch = Batch.from_results(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
+    old = t.host.learner.logprobs(batch) - 0.05  # ratios != 1: a non-trivial policy gradient
+    learner, policy, draft = t.host.learner, t.policy, t.draft
     out = policy(batch.tokens, hidden_layers=learner.hidden_layers)
     from specroll.rl.learner import token_logprobs
 
@@ -112,20 +113,24 @@ def test_engine_logprobs_match_learner_and_versions_are_checked(tiny_setup, tmp_
 
     assert m["logprob_mismatch_max"] <= logprob_tolerance(t.cfg.rollout.temperature)
     assert t.cfg.rollout.temperature == 1.0 and m["logprob_mismatch_max"] <= 1e-5  # strict at T=1
-    assert m["policy_version"] == 1 and t.engine.policy_version == 1
-    assert t.engine.drafter.version == 1
-    t.engine.policy_version = 0  # a stale engine must be caught, not silently trained on
+    assert m["policy_version"] == 1 and t.rollout.engine.policy_version == 1
+    assert t.rollout.engine.drafter.version == 1
+    t.rollout.engine.policy_version = 0  # a stale engine must be caught, not silently trained on
     with pytest.raises(RuntimeError, match="versions"):
         t.run_step()
 
 
 def test_sync_refuses_a_mismatched_draft(tiny_setup, tmp_path):
     from specroll.drafting.train import new_eagle3
+    from specroll.rl.rollout import state
 
     t = _trainer(tiny_setup, tmp_path)
     other = new_eagle3(t.policy, torch.arange(32), t.draft.cfg.aux_layers, 0)
     with pytest.raises(ValueError, match="lm_head"):
-        t.rollout.publish(1, t.policy, other)
+        t.rollout.publish(1, state(t.policy), state(other))
+    with pytest.raises(ValueError, match="names differ"):
+        t.rollout.publish(1, {"no_such_tensor": next(iter(t.policy.parameters()))}, None)
+    assert t.rollout.engine.policy_version == 0  # nothing half-loaded is stamped new
 
 
 def test_online_draft_improves_acceptance(tiny_setup, tmp_path):
@@ -173,6 +178,12 @@ def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ValueError, match="section.key=value"):
         build_config("tiny", ["steps=3"])
     assert build_config("default", ["loss.clip_high=0.3"]).loss.clip_high == 0.3
+    with pytest.raises(ValueError, match=r"rollout.backend must be one of \('local', 'ray'\)"):
+        build_config("tiny", ["rollout.backend=vllm"])
+    with pytest.raises(ValueError, match="ray.enabled was replaced: use rollout.backend=ray"):
+        build_config("tiny", ["ray.enabled=true"])
+    with pytest.raises(ValueError, match=r"draft.kind must be one of \('eagle3', 'mtp'\)"):
+        build_config("tiny", ["draft.kind=medusa"])
 
 
 def test_dapo_style_file_task(tmp_path):
@@ -225,13 +236,13 @@ def test_a_learner_step_emits_no_warnings(tiny_setup, tmp_path, overrides):
     import warnings
 
     t = _trainer(tiny_setup, tmp_path, *overrides)
-    results = t.engine.generate(t.work.requests(t.work.problems(0), 2, base_seed=5))
-    batch = t._batch(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
-    old = t.learner.logprobs(batch) - 0.05
-    t.learner.decoupled = True  # the async path reads behaviour weights too
+    results = t.rollout.engine.generate(t.work.requests(t.work.problems(0), 2, base_seed=5))
+    batch = Batch.from_results(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
+    old = t.host.learner.logprobs(batch) - 0.05
+    t.host.learner.decoupled = True  # the async path reads behaviour weights too
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        stats = t.learner.train(batch, old, ref_logp=old + 0.01)
+        stats = t.host.learner.train(batch, old, ref_logp=old + 0.01)
     assert stats["policy_loss"] == stats["policy_loss"] and stats["grad_norm"] > 0
     if overrides:
         assert stats["kl"] > 0

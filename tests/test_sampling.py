@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specroll.spec import rng
-from specroll.spec.sampling import probs_from_logits, sample, sample_from_probs
+from specroll.spec.sampling import RowSampling, probs_from_logits, sample, sample_from_probs
 
 
 def _chi2_sf(x: float, dof: int) -> float:
@@ -52,7 +52,7 @@ def test_sampler_matches_processed_distribution():
     logits = torch.randn(1, 12, generator=g) * 2
     n = 200_000
     for t, k, p in [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.5, 0, 0.8), (1.0, 6, 0.9)]:
-        probs = probs_from_logits(logits, torch.tensor([t]), torch.tensor([k]), torch.tensor([p]))
+        probs = probs_from_logits(logits, RowSampling.full(1, t, k, p))
         u = rng.uniforms(torch.tensor([int(t * 10 + k)]), torch.arange(n).unsqueeze(0))[0]
         ids = sample_from_probs(probs.expand(n, -1), u)
         counts = torch.bincount(ids, minlength=12).float()
@@ -75,9 +75,7 @@ def test_sampler_matches_processed_distribution():
 def test_top_k_top_p_keep_the_right_set(seed, top_k, top_p, temperature):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(1, 30, generator=g) * 3
-    probs = probs_from_logits(
-        logits, torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p])
-    )[0]
+    probs = probs_from_logits(logits, RowSampling.full(1, temperature, top_k, top_p))[0]
     kept = probs > 0
     order = logits[0].argsort(descending=True)
     n_kept = int(kept.sum())
@@ -98,13 +96,8 @@ def test_greedy_rows_take_argmax_and_report_untempered_logprob():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(3, 50, generator=g)
     temp = torch.tensor([0.0, 1.0, 0.0])
-    ids, lp = sample(
-        logits,
-        temp,
-        torch.zeros(3, dtype=torch.long),
-        torch.ones(3),
-        torch.rand(3, dtype=torch.float64),
-    )
+    rows = RowSampling(temp, torch.zeros(3, dtype=torch.long), torch.ones(3))
+    ids, lp = sample(logits, rows, torch.rand(3, dtype=torch.float64))
     assert ids[0] == logits[0].argmax() and ids[2] == logits[2].argmax()
     torch.testing.assert_close(lp[0], logits[0].log_softmax(-1)[ids[0]])
 
@@ -122,9 +115,9 @@ def test_top_p_one_is_off_beside_a_row_with_top_p_below_one():
     logits = torch.zeros(2, 12)
     logits[:, 0] = 20.0
     t, k, p = _row_params([(1.0, 0, 1.0), (1.0, 0, 0.9)])
-    alone = probs_from_logits(logits[:1], t[:1], k[:1], p[:1])
+    alone = probs_from_logits(logits[:1], RowSampling(t, k, p)[:1])
     assert (alone[0, 1:] > 1e-9).all()
-    batched = probs_from_logits(logits, t, k, p)
+    batched = probs_from_logits(logits, RowSampling(t, k, p))
     assert torch.equal(batched[0], alone[0])
 
 
@@ -149,15 +142,15 @@ def test_a_rows_distribution_does_not_depend_on_its_batch_mates():
     logits = torch.randn(len(MIXED_ROWS), 3, V, generator=g) * 4
     logits[:, :, 0] += 18.0  # a dominant token: tail masses near fp32 resolution
     t, k, p = _row_params(MIXED_ROWS)
-    batched = probs_from_logits(logits, t, k, p)  # [B, 3, V]
+    batched = probs_from_logits(logits, RowSampling(t, k, p))  # [B, 3, V]
     for b in range(len(MIXED_ROWS)):
         sl = slice(b, b + 1)
-        assert torch.equal(probs_from_logits(logits[sl], t[sl], k[sl], p[sl]), batched[sl])
+        assert torch.equal(probs_from_logits(logits[sl], RowSampling(t, k, p)[sl]), batched[sl])
         for j in range(3):  # the 2-D path gives the same bits as the 3-D one
-            two_d = probs_from_logits(logits[sl, j], t[sl], k[sl], p[sl])
+            two_d = probs_from_logits(logits[sl, j], RowSampling(t, k, p)[sl])
             assert torch.equal(two_d[0], batched[b, j])
         # and beside every other setting, one at a time
         for o in range(len(MIXED_ROWS)):
             pair = torch.tensor([b, o])
-            got = probs_from_logits(logits[pair, 0], t[pair], k[pair], p[pair])
+            got = probs_from_logits(logits[pair, 0], RowSampling(t, k, p)[pair])
             assert torch.equal(got[0], batched[b, 0]), (MIXED_ROWS[b], MIXED_ROWS[o])

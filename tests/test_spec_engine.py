@@ -23,7 +23,7 @@ from specroll.drafters.ngram import NgramDrafter
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.model import ModelConfig, Transformer
-from specroll.spec.sampling import probs_from_logits
+from specroll.spec.sampling import RowSampling, probs_from_logits
 from tests.test_sampling import _chi2_sf
 
 VOCAB = 16
@@ -88,8 +88,7 @@ def _exact_joint(model, t, k, p, n=3) -> torch.Tensor:
     with torch.no_grad():
         logits = model(full).logits[:, len(PROMPT) - 1 :]  # [M, n, V]
     M = len(seqs)
-    par = (torch.full((M,), t), torch.full((M,), k), torch.full((M,), p))
-    probs = probs_from_logits(logits, *par).double()  # [M, n, V]
+    probs = probs_from_logits(logits, RowSampling.full(M, t, k, p)).double()  # [M, n, V]
     joint = torch.ones(M, dtype=torch.float64)
     for i in range(n - 1):  # P(y1..y_{n-1}) for each prefix
         joint = joint * probs[torch.arange(M), i, seqs[:, i]]

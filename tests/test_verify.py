@@ -7,7 +7,7 @@ import torch
 
 import specroll.spec.verify as V
 from specroll.spec import rng
-from specroll.spec.sampling import probs_from_logits, sample_from_probs
+from specroll.spec.sampling import RowSampling, probs_from_logits, sample_from_probs
 from tests.test_sampling import _gof_pvalue
 
 SETTINGS = [  # (temperature, top_k, top_p)
@@ -22,9 +22,7 @@ SETTINGS = [  # (temperature, top_k, top_p)
 
 def _processed(logits, t, k, p):
     B = logits.shape[0]
-    return probs_from_logits(
-        logits, torch.full((B,), t), torch.full((B,), k, dtype=torch.long), torch.full((B,), p)
-    )
+    return probs_from_logits(logits, RowSampling.full(B, t, k, p))
 
 
 @pytest.mark.parametrize("t,k,p", SETTINGS)
@@ -66,11 +64,9 @@ def _run_verify(n, kmax, t, k, p, seed, draft_probs_mode="sampled", vocab=8):
     g = torch.Generator().manual_seed(seed)
     target = torch.randn(kmax + 1, vocab, generator=g) * 1.5  # p_i independent of history
     draft = target[:kmax] + torch.randn(kmax, vocab, generator=g)
-    temp = torch.full((n,), t)
-    tk = torch.full((n,), k, dtype=torch.long)
-    tp = torch.full((n,), p)
+    rows = RowSampling.full(n, t, k, p)
     logits = target.expand(n, -1, -1)
-    q = probs_from_logits(draft.expand(n, -1, -1), temp, tk, tp)  # [n, kmax, V]
+    q = probs_from_logits(draft.expand(n, -1, -1), rows)  # [n, kmax, V]
     seeds = torch.arange(n) + seed * 1_000_003
     counters = torch.arange(kmax).expand(n, -1)
     u_draft = rng.uniforms(seeds, counters, rng.DRAFT)
@@ -85,13 +81,11 @@ def _run_verify(n, kmax, t, k, p, seed, draft_probs_mode="sampled", vocab=8):
         tokens,
         num_draft,
         qarg,
-        temp,
-        tk,
-        tp,
+        rows,
         rng.uniforms(seeds, counters, rng.ACCEPT),
         rng.uniforms(seeds, torch.arange(kmax + 1).expand(n, -1)),
     )
-    p_pos = probs_from_logits(target.unsqueeze(0), temp[:1], tk[:1], tp[:1])[0]  # [kmax+1, V]
+    p_pos = probs_from_logits(target.unsqueeze(0), rows[:1])[0]  # [kmax+1, V]
     return out, p_pos
 
 
@@ -141,9 +135,7 @@ def test_hand_made_cases_greedy_and_edges():
         drafts,
         num,
         None,
-        zeros,
-        torch.zeros(3, dtype=torch.long),
-        torch.ones(3),
+        RowSampling(zeros, torch.zeros(3, dtype=torch.long), torch.ones(3)),
         torch.zeros(3, 3, dtype=torch.float64),
         torch.zeros(3, 4, dtype=torch.float64),
     )
@@ -160,9 +152,7 @@ def test_zero_probability_draft_is_never_accepted_even_at_u_zero():
         torch.tensor([[2]]),
         torch.tensor([1]),
         q,
-        torch.ones(1),
-        torch.zeros(1, dtype=torch.long),
-        torch.ones(1),
+        RowSampling.full(1, 1.0),
         torch.zeros(1, 1, dtype=torch.float64),
         torch.full((1, 2), 0.5, dtype=torch.float64),
     )
@@ -183,7 +173,8 @@ def test_a_rows_verification_does_not_depend_on_its_batch_mates():
     logits[0] = 0.0
     logits[0, :, 0] = 20.0
     t, k, p = _row_params(MIXED_ROWS)
-    q = probs_from_logits(logits[:, :K] + torch.randn(B, K, Vv, generator=g), t, k, p)
+    rows = RowSampling(t, k, p)
+    q = probs_from_logits(logits[:, :K] + torch.randn(B, K, Vv, generator=g), rows)
     seeds = torch.arange(B)
     drafts = torch.stack(
         [sample_from_probs(q[:, i], rng.uniforms(seeds, torch.full((B,), i))) for i in range(K)], 1
@@ -195,12 +186,12 @@ def test_a_rows_verification_does_not_depend_on_its_batch_mates():
     u_acc[0] = 1e-10
     u_smp = rng.uniforms(seeds, torch.arange(K + 1).expand(B, -1))
     for probs in (q, None):
-        out = V.verify(logits, drafts, num_draft, probs, t, k, p, u_acc, u_smp)
+        out = V.verify(logits, drafts, num_draft, probs, rows, u_acc, u_smp)
         for b in range(B):
             s = slice(b, b + 1)
             one = V.verify(
                 logits[s], drafts[s], num_draft[s], None if probs is None else probs[s],
-                t[s], k[s], p[s], u_acc[s], u_smp[s],
+                rows[s], u_acc[s], u_smp[s],
             )  # fmt: skip
             assert torch.equal(one.tokens, out.tokens[s]), MIXED_ROWS[b]
             assert torch.equal(one.accepted, out.accepted[s])

@@ -83,7 +83,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         f"[bold green]{n_tok / wall:.1f} tok/s[/] at batch {min(args.batch, len(requests))}"
     )
     if drafter is not None:
-        s = engine.stats
+        s = results.stats
         common.console.print(
             f"drafter {drafter.name}: acceptance length {s.acceptance_length:.2f}, "
             f"per position {[round(x, 2) for x in s.per_position]}, "

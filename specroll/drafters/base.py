@@ -23,9 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from specroll.spec import rng
-from specroll.spec.sampling import probs_from_logits, sample_from_probs
+from specroll.spec.sampling import RowSampling, probs_from_logits, sample_from_probs
 
 
 @dataclass
@@ -42,12 +43,8 @@ class DraftBatch:
     """[B] tokens already in the target's cache (= position of `last`)."""
     history: torch.Tensor
     """[S, L] prompt + generated ids per slot; row b is valid up to pos[b] (inclusive)."""
-    temperature: torch.Tensor
-    """[B] sampling temperature (0 = greedy)."""
-    top_k: torch.Tensor
-    """[B] top-k (0 = off)."""
-    top_p: torch.Tensor
-    """[B] top-p (1 = off)."""
+    sampling: RowSampling
+    """[B] the rows' temperature / top-k / top-p (the verifier processes p alike)."""
     seed: torch.Tensor
     """[B] request seeds (for rng.DRAFT)."""
     n_gen: torch.Tensor
@@ -72,6 +69,9 @@ class Drafter:
     """Weight version of the draft (reported in warnings and metrics)."""
     hidden_layers: tuple[int, ...] = ()
     """Target residual-stream states the drafter needs from prefill and verify forwards."""
+    network: nn.Module | None = None
+    """The weights it proposes with (None: it has none, e.g. n-gram): what
+    `Engine.load_weights` copies a new draft state into."""
 
     def start(self, num_slots: int, max_len: int) -> None:
         pass
@@ -218,9 +218,9 @@ class FeatureDrafter(Drafter):
         tokens, probs = [], []
         for i in range(k):
             full = self.to_target_logits(logits)  # [B, V]
-            q = probs_from_logits(full, batch.temperature, batch.top_k, batch.top_p)
+            q = probs_from_logits(full, batch.sampling)
             tok = sample_from_probs(q, rng.uniforms(batch.seed, batch.n_gen + i, rng.DRAFT))
-            tok = torch.where(batch.temperature <= 0, full.argmax(dim=-1), tok)
+            tok = torch.where(batch.sampling.greedy, full.argmax(dim=-1), tok)
             tokens.append(tok)
             probs.append(q)
             if i + 1 < k:  # pair (own state, draft i) at position pos + i

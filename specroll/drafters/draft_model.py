@@ -24,7 +24,7 @@ class DraftModelDrafter(Drafter):
     name = "draft_model"
 
     def __init__(self, model: Transformer, version: int = 0) -> None:
-        self.model = model.eval()
+        self.model = self.network = model.eval()
         self.version = version
         self.cache: KVCache | None = None
         self.dpos = torch.zeros(0, dtype=torch.long)  # [S] tokens in the draft cache
@@ -63,10 +63,10 @@ class DraftModelDrafter(Drafter):
         ).logits[:, 0]
         tokens, probs = [], []
         for i in range(k):
-            q = probs_from_logits(logits, batch.temperature, batch.top_k, batch.top_p)
+            q = probs_from_logits(logits, batch.sampling)
             u = rng.uniforms(batch.seed, batch.n_gen + i, rng.DRAFT)
             tok = sample_from_probs(q, u)
-            tok = torch.where(batch.temperature <= 0, logits.argmax(dim=-1), tok)
+            tok = torch.where(batch.sampling.greedy, logits.argmax(dim=-1), tok)
             tokens.append(tok)
             probs.append(q)
             if i + 1 < k:

@@ -41,7 +41,8 @@ from specroll.model.transformer import (
 )
 
 Embed = Callable[[torch.Tensor], torch.Tensor]
-_MATRICES = ("fc", "wqkv", "wo", "w_gate_up", "w_down", "lm_head")
+MATRICES = ("fc", "wqkv", "wo", "w_gate_up", "w_down", "lm_head")
+"""The head's weight matrices, stored [in, out] (the checkpoint stores [out, in])."""
 
 
 @dataclass
@@ -106,10 +107,11 @@ class Eagle3Config:
         L = target.num_layers
         if L < 3:
             raise ValueError(f"EAGLE-3 default aux layers need num_layers >= 3, got {L}")
-        return cls._from_layer(target, draft_vocab_size or target.vocab_size, (2, L // 2, L - 3))
+        return cls.from_layer(target, draft_vocab_size or target.vocab_size, (2, L // 2, L - 3))
 
     @classmethod
-    def _from_layer(cls, layer: ModelConfig, draft_vocab_size: int, aux: Any, **kw) -> Eagle3Config:
+    def from_layer(cls, layer: ModelConfig, draft_vocab_size: int, aux: Any, **kw) -> Eagle3Config:
+        """A head whose decoder layer has the shape of `layer`, reading target layers `aux`."""
         return cls(**_shared(layer), draft_vocab_size=draft_vocab_size, aux_layers=tuple(aux), **kw)
 
     def to_hf(self) -> dict[str, Any]:
@@ -169,6 +171,11 @@ class Eagle3Head(nn.Module):
         self.embed = embed.embed_tokens if isinstance(embed, Transformer) else embed
         return self
 
+    def for_training(self) -> Eagle3Head:
+        """Forwards use the parameters, never prepacked copies (`Transformer.for_training`)."""
+        self.use_packed = False
+        return self
+
     def init_weights(self, seed: int = 0, std: float = 0.02) -> Eagle3Head:
         """Random normal init; norms at one; d2t = identity over the first draft_vocab ids."""
         g = torch.Generator().manual_seed(seed)
@@ -189,8 +196,8 @@ class Eagle3Head(nn.Module):
     def _packed_weights(self) -> dict[str, torch.Tensor] | None:
         if not self.use_packed:
             return None
-        mats = [getattr(self, n) for n in _MATRICES]
-        return self._packed.get(mats, lambda p: dict(zip(_MATRICES, p, strict=True)))
+        mats = [getattr(self, n) for n in MATRICES]
+        return self._packed.get(mats, lambda p: dict(zip(MATRICES, p, strict=True)))
 
     def fuse(self, aux: Sequence[torch.Tensor]) -> torch.Tensor:
         """Three target states [B, T, H] (in aux_layers order) → fused feature [B, T, H]."""
@@ -333,7 +340,7 @@ class Eagle3Drafter(FeatureDrafter):
 
     def __init__(self, head: Eagle3Head, version: int = 0) -> None:
         super().__init__(version)
-        self.head = head.eval()
+        self.head = self.network = head.eval()
         self.hidden_layers = tuple(head.cfg.aux_layers)
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:

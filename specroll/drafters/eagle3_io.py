@@ -73,7 +73,7 @@ def load_eagle3(
     aux = hf.get("eagle_aux_hidden_state_layer_ids") or (2, L // 2, L - 3)
     if len(aux) != 3 or not all(0 <= i <= L for i in aux):
         raise ValueError(f"eagle_aux_hidden_state_layer_ids={aux} invalid for {L} target layers")
-    cfg = Eagle3Config._from_layer(
+    cfg = Eagle3Config.from_layer(
         layer,
         hf.get("draft_vocab_size") or layer.vocab_size,
         aux,

@@ -41,7 +41,7 @@ from specroll.drafters.ttt import Unroll
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Block, KVCache, Rotary, Transformer, _mm, attention_layout
 
-_MATRICES = ("eh_proj", "wqkv", "wo", "w_gate_up", "w_down")  # stored [in, out]; HF [out, in]
+MATRICES = ("eh_proj", "wqkv", "wo", "w_gate_up", "w_down")  # stored [in, out]; HF [out, in]
 
 
 @dataclass
@@ -268,6 +268,10 @@ class MTPDraft(nn.Module):
     def drafter(self, version: int = 0) -> MTPDrafter:
         return MTPDrafter(self, version)
 
+    def for_training(self) -> MTPDraft:
+        """Nothing to do: MTP's own forwards never use prepacked weights."""
+        return self
+
 
 class MTPDrafter(FeatureDrafter):
     """MTP heads in the engine: pairs (target's normed last hidden state h_t, x_{t+1}) →
@@ -283,7 +287,7 @@ class MTPDrafter(FeatureDrafter):
 
     def __init__(self, draft: MTPDraft, version: int = 0) -> None:
         super().__init__(version)
-        self.draft = draft.eval()
+        self.draft = self.network = draft.eval()
         self.hidden_layers = (draft.target.cfg.num_layers,)
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:

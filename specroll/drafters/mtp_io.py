@@ -11,10 +11,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from specroll.drafters.mtp import _MATRICES, MTPConfig, MTPDraft
+from specroll.drafters.mtp import MATRICES, MTPConfig, MTPDraft
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
-from specroll.model.weights import _hf_names
+from specroll.model.weights import hf_names
 
 
 def save_mtp(draft: MTPDraft, out_dir: str | Path) -> Path:
@@ -72,12 +72,12 @@ def _native_names(naming: str, cfg: MTPConfig, L: int) -> dict[str, list[str]]:
             own.append("mtp.norm")
             layer = {
                 k: [s.replace("model.", "mtp.", 1) for s in v]
-                for k, v in _hf_names(cfg.layer, i).items()
+                for k, v in hf_names(cfg.layer, i).items()
             }
         else:
             p = f"model.layers.{L + i}."
             own = [p + s for s in ("enorm", "hnorm", "eh_proj", "shared_head.norm")]
-            layer = _hf_names(cfg.layer, L + i)
+            layer = hf_names(cfg.layer, L + i)
         for ours, theirs in zip(("enorm", "hnorm", "eh_proj", "final_norm"), own, strict=True):
             plan[f"heads.{i}.{ours}"] = [theirs + ".weight"]
         plan.update({f"heads.{i}.block.{k}": v for k, v in layer.items()})
@@ -138,7 +138,7 @@ def load_native_mtp(
     state: dict[str, torch.Tensor] = {}
     for ours, theirs in plan.items():
         leaf, p = ours.rsplit(".", 1)[-1], params[ours]
-        ref = p.T if leaf in _MATRICES else p  # the fused parameter in HF layout
+        ref = p.T if leaf in MATRICES else p  # the fused parameter in HF layout
         parts = []
         for name, size in zip(theirs, _sizes(cfg.layer, leaf, ref.shape[0]), strict=True):
             if name not in where:
@@ -148,7 +148,7 @@ def load_native_mtp(
                 raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {want}")
             parts.append(t.to(p.dtype))
         t = torch.cat(parts, dim=0)
-        if leaf in _MATRICES:
+        if leaf in MATRICES:
             t = t.T
         elif "norm" in leaf:
             t = t + norm_offset

@@ -9,6 +9,10 @@ A draft reads two kinds of policy state (both detached, never a path for gradien
 the policy): `aux`, the residual-stream states after the layers in `aux_layers`
 concatenated on the last axis (EAGLE-3 fuses three of them), and `final`, the policy's
 last state after its final norm (MTP's input; the policy's logits are `final @ W`).
+
+Vocabulary: a *draft* is the network (`TrainableDraft`: `Eagle3Head`, `MTPDraft`); a
+*drafter* is what the engine calls to propose tokens (`specroll.drafters.base.Drafter`),
+built from a draft by `draft.drafter()` or from a spec string by `build_drafter`.
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ class TrainableDraft(Protocol):
 
     def drafter(self, version: int = 0) -> Drafter:
         """A proposer for the engine on this network (weights shared, not copied)."""
+
+    def for_training(self) -> TrainableDraft:
+        """Make forwards differentiable through the parameters (no prepacked copies)."""
 
 
 def replica(draft: TrainableDraft, policy: Transformer) -> TrainableDraft:

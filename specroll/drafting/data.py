@@ -35,6 +35,9 @@ from specroll.tasks.sets import encode, prompt_set
 
 FORMAT = 1
 
+SEED_STRIDE = 1_000_003
+"""Rollout i of a data set with seed s is seeded s * SEED_STRIDE + i: sets never share."""
+
 
 @dataclass
 class DraftDataConfig:
@@ -174,7 +177,7 @@ def _write_shard(policy, engine, prompts, first: int, cfg, aux, path: Path) -> N
             SamplingParams(
                 cfg.temperature,
                 max_new_tokens=cfg.max_new_tokens,
-                seed=cfg.seed * 1_000_003 + first + i,
+                seed=cfg.seed * SEED_STRIDE + first + i,
             ),
         )
         for i, ids in enumerate(prompts)

@@ -100,7 +100,7 @@ def new_eagle3(
 ) -> Eagle3Head:
     """Fresh head on `policy` over draft vocabulary `vocab` (ascending target ids)."""
     cfg = Eagle3Config.for_target(policy.cfg, draft_vocab_size=vocab.numel())
-    cfg = Eagle3Config._from_layer(cfg.layer, vocab.numel(), aux)
+    cfg = Eagle3Config.from_layer(cfg.layer, vocab.numel(), aux)
     head = Eagle3Head(cfg, policy).init_weights(seed)
     with torch.no_grad():
         head.lm_head.copy_(policy.head_weight[:, vocab])
@@ -278,7 +278,7 @@ def train_draft(
     net = _initial_draft(policy, data, cfg, aux, state)
     if state is not None:
         net.load_state_dict(state["net"])
-    net.use_packed = False
+    net.for_training()
     net.train()
     w = head_weight(policy, net.vocab)
     params = [p for p in net.parameters() if p.requires_grad]

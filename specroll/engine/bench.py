@@ -24,7 +24,7 @@ from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import KVCache, Transformer
 
 
-def _median_time(repeats: int, fn: Callable[..., object], *args, **kwargs) -> float:
+def median_time(repeats: int, fn: Callable[..., object], *args, **kwargs) -> float:
     """Median wall time of fn(*args, **kwargs) over `repeats` calls."""
     times = []
     for _ in range(repeats):
@@ -89,7 +89,7 @@ def verify_cost(
             times: dict[int, list[float]] = {q: [] for q in qs}
             for _ in range(repeats):
                 for q in qs:
-                    times[q].append(_median_time(1, model, toks[q], positions=start, cache=cache))
+                    times[q].append(median_time(1, model, toks[q], positions=start, cache=cache))
         for q in qs:
             ratios = [t / t1 for t, t1 in zip(times[q], times[1], strict=True)]
             rows.append(
@@ -128,9 +128,9 @@ def bench_engine(
         engine.generate(reqs[:1])  # warm-up (allocates the cache)
         ours, theirs = [], []
         for _ in range(repeats):  # interleave so drift in machine load hits both alike
-            ours.append(_median_time(1, engine.generate, reqs))
+            ours.append(median_time(1, engine.generate, reqs))
             if hf_model is not None:
-                theirs.append(_median_time(1, _hf_generate, hf_model, tok, prompts, new_tokens))
+                theirs.append(median_time(1, _hf_generate, hf_model, tok, prompts, new_tokens))
         row = {"batch": B, "specroll_tok_s": round(B * new_tokens / statistics.median(ours), 2)}
         if theirs:
             row["hf_tok_s"] = round(B * new_tokens / statistics.median(theirs), 2)
@@ -184,12 +184,12 @@ def compare_spec(
         t0 = time.perf_counter()
         out = eng.generate(reqs)
         tok_s[key].append(sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0))
+        stats.setdefault(key, []).append(out.stats)
 
     for _ in range(repeats):
         run(None, plain)
         for key, eng in engines.items():
             run(key, eng)
-            stats.setdefault(key, []).append(eng.stats)
     rows = []
     for d, k in engines:
         ss = stats[(d, k)]

@@ -32,9 +32,10 @@ import torch
 
 from specroll.drafters.base import DraftBatch, Drafter
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
-from specroll.engine.request import Request, Result
+from specroll.engine.request import Request, Result, Results
 from specroll.engine.slots import CONTEXT, LENGTH, NONE, STOP, Slots
 from specroll.model.transformer import KVCache, Transformer
+from specroll.model.weights import load_state
 from specroll.spec import rng
 from specroll.spec.metrics import CollapseDetector, SpecStats
 from specroll.spec.verify import verify
@@ -85,9 +86,32 @@ class Engine:
         self.stats = SpecStats()
         self._collapse = CollapseDetector()
         self.policy_version = 0
-        """Version of the policy weights (set by weight sync; reported in every Result)."""
+        """Version of the policy weights (set by `load_weights`; reported in every Result)."""
 
     # ------------------------------------------------------------------ public API
+
+    def load_weights(
+        self,
+        version: int,
+        policy: dict[str, torch.Tensor],
+        draft: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """New weights (tensors by name) under `version`, which every later Result
+        carries as its policy (and draft) version; then prepacked (`warm`).
+
+        They are copied into the engine's own tensors in place: names and shapes must be
+        the engine's (ValueError names the first that differs). `draft` goes into the
+        drafter's network; None keeps the draft weights as they are."""
+        load_state(self.model, policy, "policy")
+        if draft is not None:
+            net = None if self.drafter is None else self.drafter.network
+            if net is None:
+                raise ValueError("draft weights given, but this engine's drafter has none")
+            load_state(net, draft, "draft")
+        self.policy_version = version
+        if self.drafter is not None:
+            self.drafter.version = version
+        self.warm()
 
     @torch.no_grad()
     def warm(self) -> None:
@@ -104,13 +128,14 @@ class Engine:
         self,
         requests: Sequence[Request],
         on_progress: Callable[[int, int], None] | None = None,
-    ) -> list[Result]:
-        """Run every request to completion; results come back in request order.
+    ) -> Results:
+        """Run every request to completion; results come back in request order, with
+        this call's speculation metrics in `.stats` (also kept in `self.stats`).
 
         on_progress(new_tokens, finished_requests) is called after every forward.
         """
         if not requests:
-            return []
+            return Results()
         seeds = self._check(requests)
         ctx = self.model.cfg.max_position_embeddings
         max_gen = max(r.params.max_new_tokens for r in requests)
@@ -126,6 +151,7 @@ class Engine:
         if self.drafter is not None:
             self.drafter.start(self.cache.num_slots, self.cache.max_len)
         self.stats = SpecStats()
+        versions = (self.policy_version, None if self.drafter is None else self.drafter.version)
 
         t0 = time.perf_counter()
         first_token = [0.0] * len(requests)
@@ -136,7 +162,7 @@ class Engine:
             if queue and n_slots > B:
                 new = [queue.popleft() for _ in range(min(n_slots - B, len(queue)))]
                 for i, j in enumerate(new):
-                    self._admit(st, B + i, requests[j], j, seeds[j], stops[j])
+                    st.admit(B + i, requests[j].params, j, seeds[j], stops[j])
                 self._prefill(st, B, [requests[j].prompt_ids for j in new])
                 now = time.perf_counter() - t0
                 for j in new:
@@ -148,7 +174,7 @@ class Engine:
             done = self._finished(st, B)
             for b in sorted(done, reverse=True):
                 j = st.request[b]
-                results[j] = self._result(st, b, requests[j], j, seeds[j], done[b])
+                results[j] = st.result(b, requests[j], seeds[j], done[b], versions)
                 results[j].first_token_s = first_token[j]
                 results[j].latency_s = time.perf_counter() - t0
                 B -= 1
@@ -160,7 +186,7 @@ class Engine:
             if on_progress is not None:
                 on_progress(stepped, len(done))
         self.stats.total_s = time.perf_counter() - t0
-        return results  # type: ignore[return-value]
+        return Results(results, self.stats)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ steps
 
@@ -230,9 +256,7 @@ class Engine:
                     last=st.last[:B],
                     pos=st.pos[:B],
                     history=st.history,
-                    temperature=st.temperature[:B],
-                    top_k=st.top_k[:B],
-                    top_p=st.top_p[:B],
+                    sampling=st.sampling(slice(0, B)),
                     seed=st.seed[:B],
                     n_gen=st.n_gen[:B],
                 )
@@ -279,16 +303,14 @@ class Engine:
         if proposal is None:
             proposal = (torch.zeros(n, 0, dtype=torch.long), None)
         drafts, probs = proposal
-        n_gen, seed, temp = st.n_gen[rows], st.seed[rows], st.temperature[rows]
+        n_gen, seed = st.n_gen[rows], st.seed[rows]
         idx = n_gen.unsqueeze(1) + torch.arange(K1)  # [n, K+1] output index of each slot
         ver = verify(
             logits,
             drafts,
             num_draft,
             probs,
-            temp,
-            st.top_k[rows],
-            st.top_p[rows],
+            st.sampling(rows),
             rng.uniforms(seed, idx[:, :K], rng.ACCEPT),
             rng.uniforms(seed, idx, rng.SAMPLE),
         )
@@ -354,47 +376,6 @@ class Engine:
         return {b: _REASONS[int(done[b])] for b in (done != NONE).nonzero().flatten().tolist()}
 
     # ------------------------------------------------------------------ bookkeeping
-
-    def _admit(
-        self, st: Slots, b: int, req: Request, j: int, seed: int, stops: tuple[int, ...]
-    ) -> None:
-        p = req.params
-        st.request[b] = j
-        st.n_gen[b] = 0
-        st.finish[b] = NONE
-        st.drafts[b] = st.draft_tokens[b] = st.accepted[b] = 0
-        st.accepted_pos[b] = st.drafted_pos[b] = 0
-        st.max_new[b] = p.max_new_tokens
-        st.seed[b] = seed
-        st.temperature[b] = p.temperature
-        st.top_k[b] = p.top_k
-        st.top_p[b] = p.top_p
-        st.max_draft[b] = -1 if p.max_draft is None else p.max_draft
-        st.stops[b] = -1
-        if stops:
-            st.stops[b, : len(stops)] = torch.tensor(stops)
-
-    def _result(self, st: Slots, b: int, req: Request, j: int, seed: int, reason: str) -> Result:
-        n = int(st.n_gen[b])
-        return Result(
-            request_id=j if req.request_id is None else req.request_id,
-            prompt_ids=list(req.prompt_ids),
-            token_ids=st.tokens[b, :n].tolist(),
-            logprobs=st.logprobs[b, :n].tolist(),
-            finish_reason=reason,
-            seed=seed,
-            policy_version=self.policy_version,
-            draft_version=None if self.drafter is None else self.drafter.version,
-            spec=SpecStats(
-                drafts=int(st.drafts[b]),
-                draft_tokens=int(st.draft_tokens[b]),
-                accepted_tokens=int(st.accepted[b]),
-                accepted_per_pos=st.accepted_pos[b, : self.depth.k_max].tolist(),
-                drafted_per_pos=st.drafted_pos[b, : self.depth.k_max].tolist(),
-            ),
-            first_token_s=0.0,
-            latency_s=0.0,
-        )
 
     def _stops(self, req: Request) -> tuple[int, ...]:
         ids = req.params.stop_token_ids

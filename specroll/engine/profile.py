@@ -88,8 +88,7 @@ def profile(
                 depth = FixedDepth(k) if k else FixedDepth(max(engine_ks), max_batch=0)
                 eng = Engine(model, EngineConfig(max_batch=B), drafter, depth)
                 eng.generate(reqs[:1])  # warm-up
-                eng.generate(reqs)
-                s = eng.stats
+                s = eng.generate(reqs).stats
                 it = max(s.target_forwards, 1)
                 engine_pts.append(
                     {"B": B, "k": k, "draft_s": s.draft_s / it, "other_s": s.other_s / it}

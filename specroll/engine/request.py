@@ -77,9 +77,18 @@ class Result:
     latency_s: float
     """Seconds from the start of generate() to this request's last token."""
     policy_version: int = 0
-    """Version of the policy weights that generated this result (see rl.sync)."""
+    """Version of the policy weights that generated this result (`Engine.load_weights`)."""
     draft_version: int | None = None
     """Version of the draft weights used (None = no drafter)."""
     spec: SpecStats = field(default_factory=SpecStats)
     """This request's speculation counters: drafts, draft/accepted tokens, acceptance
     length and rate, per-position acceptance (timing and forwards are batch-level)."""
+
+
+class Results(list):
+    """What `Engine.generate` returns: the Results in request order (a list), and the
+    call's batch-level speculation metrics in `stats` (acceptance, forwards, time split)."""
+
+    def __init__(self, results: list[Result] = (), stats: SpecStats | None = None) -> None:
+        super().__init__(results)
+        self.stats = stats if stats is not None else SpecStats()

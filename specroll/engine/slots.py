@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from specroll.engine.request import Request, Result, SamplingParams
+from specroll.spec.metrics import SpecStats
+from specroll.spec.sampling import RowSampling
+
 NONE, STOP, LENGTH, CONTEXT = 0, 1, 2, 3
 """Finish codes of a row (`Slots.finish`)."""
 
@@ -13,6 +17,7 @@ class Slots:
     """Slot-indexed state of the rows being decoded (row b = slot b)."""
 
     def __init__(self, n: int, max_gen: int, max_stops: int, max_len: int, k_max: int) -> None:
+        self.k_max = k_max
         long = dict(dtype=torch.long)
         self.pos = torch.zeros(n, **long)  # tokens already in the cache
         self.last = torch.zeros(n, **long)  # newest token, not yet in the cache
@@ -35,6 +40,10 @@ class Slots:
         self.drafted_pos = torch.zeros(n, max(k_max, 1), **long)
         self.request = [-1] * n
 
+    def sampling(self, rows) -> RowSampling:
+        """The sampling settings of `rows` (index tensor or slice), for draft and verifier."""
+        return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows])
+
     def tensors(self) -> list[torch.Tensor]:
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
 
@@ -42,3 +51,45 @@ class Slots:
         for t in self.tensors():
             t[dst] = t[src]
         self.request[dst] = self.request[src]
+
+    def admit(self, b: int, p: SamplingParams, j: int, seed: int, stops: tuple[int, ...]) -> None:
+        """Slot b starts request j (parameters p, its seed and stop ids)."""
+        self.request[b] = j
+        self.n_gen[b] = 0
+        self.finish[b] = NONE
+        self.drafts[b] = self.draft_tokens[b] = self.accepted[b] = 0
+        self.accepted_pos[b] = self.drafted_pos[b] = 0
+        self.max_new[b] = p.max_new_tokens
+        self.seed[b] = seed
+        self.temperature[b] = p.temperature
+        self.top_k[b] = p.top_k
+        self.top_p[b] = p.top_p
+        self.max_draft[b] = -1 if p.max_draft is None else p.max_draft
+        self.stops[b] = -1
+        if stops:
+            self.stops[b, : len(stops)] = torch.tensor(stops)
+
+    def result(
+        self, b: int, req: Request, seed: int, reason: str, versions: tuple[int, int | None]
+    ) -> Result:
+        """The finished request in slot b; versions: (policy, draft) it generated with."""
+        n, j, k = int(self.n_gen[b]), self.request[b], self.k_max
+        return Result(
+            request_id=j if req.request_id is None else req.request_id,
+            prompt_ids=list(req.prompt_ids),
+            token_ids=self.tokens[b, :n].tolist(),
+            logprobs=self.logprobs[b, :n].tolist(),
+            finish_reason=reason,
+            seed=seed,
+            policy_version=versions[0],
+            draft_version=versions[1],
+            spec=SpecStats(
+                drafts=int(self.drafts[b]),
+                draft_tokens=int(self.draft_tokens[b]),
+                accepted_tokens=int(self.accepted[b]),
+                accepted_per_pos=self.accepted_pos[b, :k].tolist(),
+                drafted_per_pos=self.drafted_pos[b, :k].tolist(),
+            ),
+            first_token_s=0.0,
+            latency_s=0.0,
+        )

@@ -12,10 +12,10 @@ log-probs equal the learner's recomputation to float rounding (checked by a test
 
 Weights are stored input-major (`[in, out]`, used as `x @ w`; with autograd this is the
 faster plain-BLAS layout for few-row products). Grad-free CPU forwards (the engine) use
-oneDNN-prepacked copies instead: measured on SmolLM2 shapes with 2 threads, a packed
-product of 1–8 rows costs about what one row costs (0.42 ms per layer at M = 1, 0.46 at
-M = 8, against 0.85 and 0.99 ms for `F.linear`), which is what makes verifying k draft
-tokens nearly free (`specroll bench engine`, field `verify_cost`). The packed copies are
+oneDNN-prepacked copies instead: a packed product of a few rows costs about what one
+row costs, and about half of what `F.linear` takes on SmolLM2's shapes, which is what
+makes verifying k draft tokens cheap (`specroll bench engine`, field `verify_cost`, and
+`benchmarks/gemm_stack.py` measure it on the machine at hand). The packed copies are
 rebuilt automatically whenever a weight changes (tracked by tensor version counters).
 GQA is computed by folding the query heads that share a KV head into the query-length
 axis, so keys and values are never copied.
@@ -33,7 +33,8 @@ from torch import nn
 
 from specroll.model.config import ModelConfig, rope_inv_freq
 
-_MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
+MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
+"""A block's weight matrices, stored [in, out] (HF stores [out, in]); what gets prepacked."""
 
 
 def _can_pack(w: torch.Tensor) -> bool:
@@ -118,9 +119,6 @@ class KVCache:
         """Copy the first `length` positions of slot `src` into slot `dst`."""
         self.k[:, dst, :, :length] = self.k[:, src, :, :length]
         self.v[:, dst, :, :length] = self.v[:, src, :, :length]
-
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
 
 
 class KeyChain:
@@ -308,6 +306,12 @@ class Transformer(nn.Module):
         """Use oneDNN-prepacked weights in grad-free CPU forwards (see module docstring)."""
         self._packed = PackedWeights()
 
+    def for_training(self) -> Transformer:
+        """Forwards use the parameters themselves, never prepacked copies (which carry no
+        autograd and would go stale under an optimizer): the learner's policy."""
+        self.use_packed = False
+        return self
+
     def init_weights(self, seed: int = 0, std: float = 0.02) -> Transformer:
         """Random normal init (tiny test models); norms start at one, biases at zero."""
         g = torch.Generator().manual_seed(seed)
@@ -329,12 +333,12 @@ class Transformer(nn.Module):
         PackedWeights; also None when `use_packed` is off)."""
         if not self.use_packed:
             return None
-        mats = [getattr(b, n) for b in self.layers for n in _MATRICES] + [self.head_weight]
-        m = len(_MATRICES)
+        mats = [getattr(b, n) for b in self.layers for n in MATRICES] + [self.head_weight]
+        m = len(MATRICES)
 
         def arrange(p: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
             per_layer = [
-                dict(zip(_MATRICES, p[i : i + m], strict=True)) for i in range(0, len(p) - 1, m)
+                dict(zip(MATRICES, p[i : i + m], strict=True)) for i in range(0, len(p) - 1, m)
             ]
             return per_layer + [{"head": p[-1]}]
 

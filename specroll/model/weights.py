@@ -17,10 +17,31 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specroll.model.config import ModelConfig
-from specroll.model.transformer import _MATRICES, Transformer
+from specroll.model.transformer import MATRICES, Transformer
 
 
-def _hf_names(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
+def load_state(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """Copy `state` (tensors by name) into `module`'s own tensors in place, with no
+    autograd; a name or shape that differs from the module's raises ValueError naming it
+    (`what` says whose weights they are). In place, so whatever shares the tensors (a
+    drafter on the policy's embedding, a plain engine on the same model) sees them too."""
+    mine = module.state_dict()
+    if state.keys() != mine.keys():
+        raise ValueError(
+            f"{what} weights do not match: names differ ({sorted(set(state) ^ set(mine))[:5]})"
+        )
+    for name, t in state.items():
+        if t.shape != mine[name].shape:
+            raise ValueError(
+                f"{what} tensor {name} has shape {tuple(t.shape)}, expected "
+                f"{tuple(mine[name].shape)}"
+            )
+    with torch.no_grad():
+        for name, t in state.items():
+            mine[name].copy_(t)
+
+
+def hf_names(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
     """specroll parameter of layer i → the HF tensors it is made of (in order)."""
     p = f"model.layers.{i}."
     a = p + "self_attn."
@@ -41,7 +62,7 @@ def _hf_names(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
 
 
 def _is_matrix(name: str) -> bool:
-    return name in _MATRICES
+    return name in MATRICES
 
 
 def read_config(model_dir: str | Path) -> ModelConfig:
@@ -89,7 +110,7 @@ def load_model(
         state["lm_head"] = take("lm_head.weight").T
     hf.pop("lm_head.weight", None)  # tied checkpoints sometimes carry a copy
     for i in range(cfg.num_layers):
-        for ours, theirs in _hf_names(cfg, i).items():
+        for ours, theirs in hf_names(cfg, i).items():
             parts = [take(n) for n in theirs]
             t = torch.cat(parts, dim=0)
             state[f"layers.{i}.{ours}"] = t.T if _is_matrix(ours) else t
@@ -116,7 +137,7 @@ def hf_state_dict(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
     if model.lm_head is not None:
         yield "lm_head.weight", model.lm_head.T
     for i, layer in enumerate(model.layers):
-        for ours, theirs in _hf_names(cfg, i).items():
+        for ours, theirs in hf_names(cfg, i).items():
             t = getattr(layer, ours)
             t = t.T if _is_matrix(ours) else t
             if ours in ("wqkv", "bqkv"):

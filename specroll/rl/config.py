@@ -18,8 +18,11 @@ from typing import Any
 import yaml
 
 from specroll.drafters.trainable import KINDS
+from specroll.rl.backends import BACKENDS
 
 PRESETS = Path(__file__).parent / "presets"
+MOVED = {("ray", "enabled"): "rollout.backend=ray (or local)"}
+"""Settings that moved, with what replaces them (a clear error instead of 'unknown')."""
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -70,6 +73,8 @@ class RolloutConfig:
     profile and online acceptance; see engine.depth) or 'fixed' (k up to spec_max_batch)."""
     profile: str = ""
     """depth='adaptive': hardware profile JSON; '' = measure once and cache it."""
+    backend: str = "local"
+    """Where rollouts run: 'local' (this process) or 'ray' (Ray workers, section `ray`)."""
 
     def __post_init__(self) -> None:
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
@@ -86,6 +91,10 @@ class RolloutConfig:
         _check(
             self.depth in ("fixed", "adaptive"),
             f"rollout.depth must be 'fixed' or 'adaptive', got {self.depth!r}",
+        )
+        _check(
+            self.backend in BACKENDS,
+            f"rollout.backend must be one of {tuple(BACKENDS)}, got {self.backend!r}",
         )
 
 
@@ -242,16 +251,13 @@ class LogConfig:
 
     tensorboard: bool = False
     """Also write TensorBoard events (needs the tensorboard package)."""
-    progress: bool = True
-    """Rich progress display."""
 
 
 @dataclass
 class RayConfig:
-    """Placement: rollouts in this process (default) or on Ray rollout workers."""
+    """Ray placement (`rollout.backend: ray`): rollout workers, each an engine replica
+    (policy + draft), and the learner in its own actor."""
 
-    enabled: bool = False
-    """Generate on Ray actors (each owns an engine replica: policy + draft)."""
     address: str = ""
     """'' = start a local Ray; otherwise a cluster address to join ('auto', 'ray://...')."""
     workers: int = 2
@@ -352,6 +358,8 @@ def from_dict(raw: dict[str, Any]) -> TrainConfig:
         fields = {f.name: f.type for f in dataclasses.fields(cls)}
         args = {}
         for key, value in values.items():
+            if (name, key) in MOVED:
+                raise ValueError(f"{name}.{key} was replaced: use {MOVED[name, key]}")
             if key not in fields:
                 allowed = ", ".join(fields)
                 raise ValueError(f"unknown config key {name}.{key}; {name} has: {allowed}")

@@ -50,6 +50,26 @@ class Batch:
         i = torch.arange(self.tokens.shape[1]).view(1, -1)
         return (i >= self.prompt_lens.view(-1, 1)) & (i < self.lengths.view(-1, 1))
 
+    @classmethod
+    def from_results(cls, results: list, advantages: torch.Tensor) -> Batch:
+        """Rollout results (prompt, tokens, engine log-probs) padded into one batch."""
+        n = len(results)
+        lens = [len(r.prompt_ids) + len(r.token_ids) for r in results]
+        W = max(lens)
+        tokens = torch.zeros(n, W, dtype=torch.long)
+        beh = torch.zeros(n, W)
+        for i, r in enumerate(results):
+            P = len(r.prompt_ids)
+            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids + r.token_ids)
+            beh[i, P : lens[i]] = torch.tensor(r.logprobs)
+        return cls(
+            tokens,
+            torch.tensor([len(r.prompt_ids) for r in results]),
+            torch.tensor(lens),
+            advantages.float(),
+            beh,
+        )
+
     def rows(self, idx: list[int]) -> Batch:
         width = int(self.lengths[idx].max())
         return Batch(
@@ -94,7 +114,7 @@ class Learner:
         self.reference = reference
         self._share = functools.partial(L.micro_share, token_level=loss_cfg.token_level)
         """The loss variant, chosen once: this micro-batch's share of the aggregate."""
-        policy.use_packed = False
+        policy.for_training()
         self.opt = torch.optim.AdamW(
             policy.parameters(),
             lr=policy_cfg.lr,
@@ -107,7 +127,7 @@ class Learner:
         if self.draft is not None:
             last = (policy.cfg.num_layers,) if self.draft.reads_final else ()
             self.hidden_layers = (*self.draft.aux_layers, *last)
-            self.draft.use_packed = False
+            self.draft.for_training()
             self.draft_opt = torch.optim.AdamW(
                 self.draft.parameters(), lr=draft_cfg.lr, betas=(0.9, 0.95)
             )

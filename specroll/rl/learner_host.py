@@ -22,6 +22,7 @@ from specroll.drafters.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch, Learner
+from specroll.rl.rollout import State, state
 
 
 def build_learner(cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None) -> Learner:
@@ -57,9 +58,9 @@ class LocalLearnerHost:
     def train(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None) -> dict:
         return self.learner.train(batch, old, ref)
 
-    def weights(self):
-        """What `Rollout.publish` takes: the policy and draft."""
-        return self.policy, self.draft
+    def weights(self) -> tuple[State, State | None]:
+        """What `Rollout.publish` takes: the policy's and the draft's tensors by name."""
+        return state(self.policy), state(self.draft)
 
     def state(self) -> dict:
         out = {"policy": self.policy.state_dict(), "policy_opt": self.learner.opt.state_dict()}
@@ -112,8 +113,6 @@ class LearnerActor(LocalLearnerHost):
         """[policy_ref, draft_ref]: the weights put into the object store by this actor."""
         import ray
 
-        from specroll.rl.sync import state
-
         return [ray.put(state(self.policy)), ray.put(state(self.draft))]
 
 
@@ -122,8 +121,6 @@ class RayLearnerHost:
 
     def __init__(self, cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None) -> None:
         import ray
-
-        from specroll.rl.sync import state
 
         rc = cfg.ray
         actor = ray.remote(num_cpus=rc.learner_cpus, num_gpus=rc.learner_gpus)(LearnerActor)
@@ -158,3 +155,14 @@ class RayLearnerHost:
         import ray
 
         ray.kill(self.actor, no_restart=True)
+
+
+def build_host(
+    cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None
+) -> LocalLearnerHost | RayLearnerHost:
+    """The learner's placement: a Ray actor when rollouts run on Ray (`rollout.backend:
+    ray`, so that weights go from the actor to the workers without the driver), else
+    this process."""
+    if cfg.rollout.backend == "ray":
+        return RayLearnerHost(cfg, policy, draft)
+    return LocalLearnerHost(cfg, policy, draft)

@@ -13,7 +13,12 @@ response mask (True = a generated token).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from specroll.rl.config import LossConfig
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = True) -> torch.Tensor:
@@ -98,3 +103,20 @@ def micro_share(
     if token_level:
         return (per_token * m).sum() / n_tokens
     return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1)).sum() / n_seqs
+
+
+def step_advantages(
+    rewards: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's advantages and the groups it trains on.
+
+    rewards: [P, G]; lengths: [P * G] response lengths (group-major). The rewards are
+    shaped by the overlong penalty, then normalised per group; with
+    `drop_uniform_groups`, groups whose shaped rewards are all equal are left out.
+    Returns (advantages [P, G], keep [P] bool)."""
+    penalty = overlong_penalty(lengths, max_new_tokens, cfg.overlong_buffer)
+    shaped = rewards + penalty.view_as(rewards)
+    adv = group_advantages(shaped, scale=cfg.scale_advantages)
+    if cfg.drop_uniform_groups:
+        return adv, informative_groups(shaped)
+    return adv, torch.ones(rewards.shape[0], dtype=torch.bool)

@@ -17,7 +17,6 @@ Ctrl-C exits at once.
 
 from __future__ import annotations
 
-import copy
 import json
 import signal
 import time
@@ -26,19 +25,19 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.trainable import TrainableDraft, replica
-from specroll.engine.depth import AdaptiveDepth, FixedDepth
-from specroll.engine.engine import Engine, EngineConfig
+from specroll.drafters.trainable import TrainableDraft
+from specroll.engine.profile import PROFILE_PROMPTS_SEED
 from specroll.engine.request import Request
 from specroll.model.transformer import Transformer
 from specroll.rl import checkpoint, rundir, tensorboard
 from specroll.rl import loss as L
+from specroll.rl.backends import build_rollout
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch
+from specroll.rl.learner_host import build_host
 from specroll.rl.mismatch import logprob_tolerance
-from specroll.rl.rollout import LocalRollout, Pending
+from specroll.rl.rollout import Pending
 from specroll.rl.workload import VALIDATION_SEED, Workload, step_seed
-from specroll.sim.costmodel import CostModel
 from specroll.tasks.sets import encode, math_problems
 
 
@@ -47,7 +46,7 @@ class Interrupted(Exception):
 
 
 class Trainer:
-    """Owns the policy, draft, engine, learner and the step loop."""
+    """The step loop over a rollout backend (`rollout.backend`) and a learner host."""
 
     def __init__(
         self,
@@ -62,41 +61,12 @@ class Trainer:
         torch.manual_seed(cfg.pipeline.seed)
         self.policy = policy  # with the Ray learner: the initial weights (the actor trains)
         self.draft = draft
-        # the engine owns separate copies: the learner's weights carry autograd state
-        self.engine_policy = copy.deepcopy(policy).eval()
-        drafter, depth = None, None
-        self.engine_draft = None
-        if draft is not None and cfg.rollout.speculative:
-            self.engine_draft = replica(draft, self.engine_policy)
-            drafter = self.engine_draft.drafter()
-            if cfg.rollout.depth == "adaptive":
-                depth = AdaptiveDepth(self._cost_model(drafter), k_max=cfg.rollout.k)
-            else:
-                depth = FixedDepth(cfg.rollout.k, max_batch=cfg.rollout.spec_max_batch)
-        ecfg = EngineConfig(max_batch=cfg.rollout.max_batch)
-        self.engine = Engine(self.engine_policy, ecfg, drafter, depth)
+        # the prompts a backend measures its hardware profile on (adaptive depth)
+        prompts = [encode(tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)]
+        self.rollout = build_rollout(cfg, policy, draft, prompts, log)
+        self.host = build_host(cfg, policy, draft)
+        self.rollout.publish(0, *self.host.weights())
         self._inflight: dict[int, Pending] = {}
-        if cfg.ray.enabled:  # same loop: rollouts on Ray workers (engine replicas), the
-            # learner in its own actor, weights published from there
-            try:
-                import ray  # noqa: F401
-            except ImportError as e:
-                raise ValueError("ray.enabled=true needs Ray: pip install 'specroll[ray]'") from e
-            from specroll.rl.learner_host import RayLearnerHost
-            from specroll.rl.ray_rollout import RayRollout
-
-            dspec = None  # what a worker needs to rebuild the draft: (class, config)
-            if drafter is not None:
-                dspec = (type(self.engine_draft), self.engine_draft.cfg)
-            self.rollout = RayRollout(cfg.ray, self.engine_policy.cfg, dspec, ecfg, depth)
-            self.rollout.publish(0, self.engine_policy, self.engine_draft)
-            self.host = RayLearnerHost(cfg, policy, draft)
-        else:
-            from specroll.rl.learner_host import LocalLearnerHost
-
-            self.rollout = LocalRollout(self.engine, self.engine_draft)
-            self.host = LocalLearnerHost(cfg, policy, draft)
-            self.learner = self.host.learner
         self.step = 0
         self.run_id = ""
         """The id of the run that owns out_dir (stamped on every checkpoint)."""
@@ -105,15 +75,6 @@ class Trainer:
         self._stop = False
         self.work = Workload(cfg, tok)
         """What each step samples: problems, requests and their seeds, rewards."""
-
-    def _cost_model(self, drafter) -> CostModel:
-        """The hardware profile for adaptive depth: given, cached, or measured now."""
-        from specroll.engine.profile import PROFILE_PROMPTS_SEED, cached_profile
-
-        prompts = [encode(self.tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)]
-        return cached_profile(
-            self.engine_policy, drafter, prompts, self.cfg.rollout.profile, self.log
-        )
 
     def _rollouts(self, s: int, reqs: list[Request]):
         """Step s's rollouts and {lag: samples}.
@@ -138,7 +99,7 @@ class Trainer:
             results, spec = self.rollout.generate(reqs)
         lag: dict[int, int] = {}
         for r in results:
-            want_draft = None if self.engine_draft is None else r.policy_version
+            want_draft = r.policy_version if self.rollout.speculative else None
             if r.draft_version != want_draft or not 0 <= s - r.policy_version <= L:
                 raise RuntimeError(
                     f"step {s}: a rollout was generated with policy/draft versions "
@@ -171,7 +132,7 @@ class Trainer:
         problems = self.work.problems(s)
         reqs = self.work.step_requests(s)
         every = cfg.pipeline.shadow_every
-        shadow = every and s % every == 0 and self.engine.drafter is not None
+        shadow = every and s % every == 0 and self.rollout.speculative
         shadow = shadow and not cfg.pipeline.max_lag
         # plain decoding of the same requests on the same weights; every other time it
         # runs first, so that neither side always comes right after the learner's update
@@ -187,22 +148,14 @@ class Trainer:
         t0 = time.perf_counter()
         rewards = self.work.rewards(problems, results, G)  # [P, G]
         lengths_resp = torch.tensor([len(r.token_ids) for r in results])
-        shaped = rewards + L.overlong_penalty(
-            lengths_resp, cfg.rollout.max_new_tokens, cfg.loss.overlong_buffer
-        ).view_as(rewards)
-        adv = L.group_advantages(shaped, scale=cfg.loss.scale_advantages)  # [P, G]
-        keep = (
-            L.informative_groups(shaped)
-            if cfg.loss.drop_uniform_groups
-            else torch.ones(len(problems), dtype=torch.bool)
-        )
+        adv, keep = L.step_advantages(rewards, lengths_resp, cfg.rollout.max_new_tokens, cfg.loss)
         t["reward"] = time.perf_counter() - t0
 
         metrics: dict = {}
         rows = [i for i in range(len(results)) if bool(keep[i // G])]
         t["logprob"] = t["train"] = 0.0
         if rows:
-            batch = self._batch([results[i] for i in rows], adv.view(-1)[rows])
+            batch = Batch.from_results([results[i] for i in rows], adv.view(-1)[rows])
             fresh = torch.tensor([results[i].policy_version == s for i in rows])
             t0 = time.perf_counter()
             old, ref = self.host.logprobs(batch)
@@ -258,24 +211,6 @@ class Trainer:
             metrics["shadow_ar_gen_s"] = round(shadow_s, 3)
             metrics["gen_speedup"] = round(shadow_s / t["gen"], 4)
         return metrics
-
-    def _batch(self, results, advantages: torch.Tensor) -> Batch:
-        n = len(results)
-        lens = [len(r.prompt_ids) + len(r.token_ids) for r in results]
-        W = max(lens)
-        tokens = torch.zeros(n, W, dtype=torch.long)
-        beh = torch.zeros(n, W)
-        for i, r in enumerate(results):
-            P = len(r.prompt_ids)
-            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids + r.token_ids)
-            beh[i, P : lens[i]] = torch.tensor(r.logprobs)
-        return Batch(
-            tokens,
-            torch.tensor([len(r.prompt_ids) for r in results]),
-            torch.tensor(lens),
-            advantages.float(),
-            beh,
-        )
 
     @torch.no_grad()
     def validate(self) -> float:

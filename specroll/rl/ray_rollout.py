@@ -25,12 +25,12 @@ from collections.abc import Sequence
 
 import torch
 
-from specroll.engine.engine import Engine, EngineConfig
+from specroll.drafters.trainable import TrainableDraft
 from specroll.engine.request import Request, Result
 from specroll.model.config import ModelConfig
-from specroll.rl.config import RayConfig
-from specroll.rl.rollout import LocalRollout, Pending, Rollout
-from specroll.rl.sync import state
+from specroll.model.transformer import Transformer
+from specroll.rl.config import RayConfig, RolloutConfig, TrainConfig
+from specroll.rl.rollout import LocalRollout, Pending, Rollout, State, build_engine
 from specroll.spec.metrics import SpecStats
 
 
@@ -62,20 +62,25 @@ class RolloutWorker:
     """One engine replica in its own process (run as a Ray actor)."""
 
     def __init__(
-        self, model_cfg: ModelConfig, draft_spec, engine_cfg: EngineConfig, depth, threads: float
+        self,
+        model_cfg: ModelConfig,
+        draft_spec,
+        rollout_cfg: RolloutConfig,
+        prompts: list[list[int]],
+        threads: float,
     ):
-        """draft_spec: (TrainableDraft class, its config), or None without speculation."""
-        from specroll.model.transformer import Transformer
-
+        """draft_spec: (TrainableDraft class, its config), or None without speculation.
+        The engine, its draft and (adaptive depth) its cost profile are built here, on
+        the worker's own threads and device: a profile measured on the driver would
+        describe another machine. The weights arrive with the first `generate`."""
         torch.set_num_threads(max(1, int(threads)))
         model = Transformer(model_cfg).eval()
-        draft, drafter = None, None
+        draft = None
         if draft_spec is not None:
             cls, draft_cfg = draft_spec
             draft = cls(draft_cfg, model).eval()
-            drafter = draft.drafter()
-        engine = Engine(model, engine_cfg, drafter, depth if drafter else None)
-        self.local = LocalRollout(engine, draft)  # the in-process backend, in this actor
+        engine = build_engine(rollout_cfg, model, draft, prompts)
+        self.local = LocalRollout(engine)  # the in-process backend, in this actor
         self.version: int | None = None
 
     def generate(
@@ -101,17 +106,18 @@ class RayRollout(Rollout):
         rc: RayConfig,
         model_cfg: ModelConfig,
         draft_spec,
-        engine_cfg: EngineConfig,
-        depth,
+        rollout_cfg: RolloutConfig,
+        prompts: list[list[int]],
     ) -> None:
         import ray
 
         connect(rc)
         self.rc = rc
+        self.speculative = draft_spec is not None
         self._actor = ray.remote(
             num_cpus=rc.cpus_per_worker, num_gpus=rc.gpus_per_worker, max_restarts=0
         )(RolloutWorker)
-        self._args = (model_cfg, draft_spec, engine_cfg, depth, rc.cpus_per_worker)
+        self._args = (model_cfg, draft_spec, rollout_cfg, prompts, rc.cpus_per_worker)
         self.workers = [self._spawn() for _ in range(rc.workers)]
         self.version = -1
         self.weights: list = []
@@ -120,15 +126,16 @@ class RayRollout(Rollout):
     def _spawn(self):
         return self._actor.remote(*self._args)
 
-    def publish(self, version: int, policy, draft) -> None:
-        """Put the weights in the object store once (or take references a learner actor
-        put there); workers fetch them when a submission needs them."""
+    def publish(self, version: int, policy: State, draft: State | None) -> None:
+        """Put the weights in the object store once, or take the references to them that
+        a learner actor put there (`LearnerActor.weight_refs`: the driver never holds
+        them); workers fetch them when a submission needs them."""
         import ray
 
         self.version = version
-        self.weights = [
-            w if isinstance(w, ray.ObjectRef) else ray.put(state(w)) for w in (policy, draft)
-        ]
+        if not self.speculative:
+            draft = None
+        self.weights = [w if isinstance(w, ray.ObjectRef) else ray.put(w) for w in (policy, draft)]
 
     def submit(self, requests: Sequence[Request], plain: bool = False) -> Pending:
         if self.version < 0:
@@ -203,3 +210,19 @@ class RayPending(Pending):
                 results[i] = r
             stats.append(st)
         return results, SpecStats.merged(stats)  # type: ignore[return-value]
+
+
+def build(
+    cfg: TrainConfig,
+    policy: Transformer,
+    draft: TrainableDraft | None,
+    prompts: list[list[int]],
+    log=print,
+) -> RayRollout:
+    """`rollout.backend: ray`: `ray.workers` engine replicas, each built on its worker."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        raise ValueError("rollout.backend=ray needs Ray: pip install 'specroll[ray]'") from e
+    spec = (type(draft), draft.cfg) if draft is not None and cfg.rollout.speculative else None
+    return RayRollout(cfg.ray, policy.cfg, spec, cfg.rollout, prompts)

@@ -193,7 +193,7 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
         f"{cfg.rollout.depth}); "
         + (
             f"rollouts on {cfg.ray.workers} Ray workers"
-            if cfg.ray.enabled
+            if cfg.rollout.backend == "ray"
             else "rollouts in-process"
         )
         + (f", async with max_lag {cfg.pipeline.max_lag}." if cfg.pipeline.max_lag else ", sync."),

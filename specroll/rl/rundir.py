@@ -42,7 +42,11 @@ OUTPUTS = (
 )
 """Everything a run writes into its directory (what --overwrite deletes)."""
 
-FREE_TO_CHANGE = {("pipeline", "steps"), ("log", "progress"), ("log", "tensorboard")}
+FREE_TO_CHANGE = {
+    ("pipeline", "steps"),
+    ("rollout", "backend"),
+    ("log", "tensorboard"),
+}
 """Settings a resumed run may change: they do not change what a step computes."""
 FREE_SECTIONS = {"ray"}
 """Placement: a synchronous Ray run repeats the in-process one."""

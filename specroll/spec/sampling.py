@@ -14,9 +14,42 @@ Conventions:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """The sampling settings of a batch's rows, one entry per row: what the draft and
+    the verifier must process alike (`verify`, `DraftBatch`, the engine's slots)."""
+
+    temperature: torch.Tensor
+    """[B] float (0 = greedy)."""
+    top_k: torch.Tensor
+    """[B] int (0 = off)."""
+    top_p: torch.Tensor
+    """[B] float in (0, 1] (1 = off)."""
+
+    def __getitem__(self, rows) -> RowSampling:
+        """The settings of `rows` (an index tensor, a slice or a mask), in that order."""
+        return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows])
+
+    @property
+    def greedy(self) -> torch.Tensor:
+        """[B] bool: rows that take the argmax."""
+        return self.temperature <= 0
+
+    @classmethod
+    def full(cls, n: int, temperature: float, top_k: int = 0, top_p: float = 1.0, device=None):
+        """n rows with the same settings."""
+        return cls(
+            torch.full((n,), float(temperature), device=device),
+            torch.full((n,), int(top_k), dtype=torch.long, device=device),
+            torch.full((n,), float(top_p), device=device),
+        )
 
 
 def temper(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -63,23 +96,18 @@ def truncate(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch
     return x.masked_fill(~mask, NEG_INF)
 
 
-def processed_logits(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
+def processed_logits(logits: torch.Tensor, s: RowSampling) -> torch.Tensor:
     """Apply temperature, top-k and top-p per row; excluded tokens get -inf.
 
-    logits: [B, V] (or [B, n, V], parameters broadcast over n); temperature: [B] (rows
-    with 0 are treated as T = 1 here, callers take the argmax); top_k: [B] int (0 = off);
-    top_p: [B] in (0, 1] (1 = off). Returns fp32 logits of the same shape.
+    logits: [B, V] (or [B, n, V], settings broadcast over n); greedy rows are treated as
+    T = 1 here (callers take the argmax). Returns fp32 logits of the same shape.
     """
-    return truncate(temper(logits, temperature), top_k, top_p)
+    return truncate(temper(logits, s.temperature), s.top_k, s.top_p)
 
 
-def probs_from_logits(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
+def probs_from_logits(logits: torch.Tensor, s: RowSampling) -> torch.Tensor:
     """Processed fp32 distribution ([..., V]) the sampler draws from."""
-    return processed_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return processed_logits(logits, s).softmax(dim=-1)
 
 
 def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -95,22 +123,18 @@ def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def sample(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    u: torch.Tensor,
+    logits: torch.Tensor, s: RowSampling, u: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return (ids [B], log-probs [B]).
 
     logits: [B, V]; u: [B] float64 uniforms. Greedy rows (temperature 0) take the argmax.
     """
-    probs = probs_from_logits(logits, temperature, top_k, top_p)
+    probs = probs_from_logits(logits, s)
     ids = sample_from_probs(probs, u)
-    greedy = temperature <= 0
+    greedy = s.greedy
     if bool(greedy.any()):
         ids = torch.where(greedy, logits.argmax(dim=-1), ids)
-    return ids, token_logprobs(logits, temperature, ids)
+    return ids, token_logprobs(logits, s.temperature, ids)
 
 
 def token_logprobs(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specroll.spec.sampling import sample_from_probs, temper, truncate
+from specroll.spec.sampling import RowSampling, sample_from_probs, temper, truncate
 
 RESIDUAL_EPS = 1e-12
 """Residual mass below which the recovered token is drawn from p itself."""
@@ -52,9 +52,7 @@ def verify(
     draft_tokens: torch.Tensor,
     num_draft: torch.Tensor,
     draft_probs: torch.Tensor | None,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
+    sampling: RowSampling,
     u_accept: torch.Tensor,
     u_sample: torch.Tensor,
 ) -> VerifyOutput:
@@ -63,8 +61,8 @@ def verify(
     target_logits: [B, kmax+1, V] raw target logits at the last committed token and each
     draft. draft_tokens: [B, kmax] ids (anything beyond num_draft is ignored).
     num_draft: [B] in 0..kmax. draft_probs: [B, kmax, V] processed q the drafts were
-    sampled from, or None for one-hot drafts. temperature/top_k/top_p: [B] sampling
-    parameters (the same ones the draft used). u_accept: [B, kmax] float64 uniforms for
+    sampled from, or None for one-hot drafts. sampling: the rows' settings (the same
+    ones the draft used). u_accept: [B, kmax] float64 uniforms for
     the acceptance tests; u_sample: [B, kmax+1] float64 uniforms, u_sample[b, j] drawing
     the recovered/bonus token when row b emits it at position j (so a row's j-th emitted
     token always uses the uniform of its own index, whatever the draft length).
@@ -75,11 +73,13 @@ def verify(
     rows = torch.arange(B, device=dev)
     in_draft = torch.arange(K, device=dev) < num_draft.unsqueeze(1)  # [B, K]
     x = torch.where(in_draft, draft_tokens, torch.zeros_like(draft_tokens)).clamp(0, V - 1)
-    greedy = temperature <= 0
+    greedy = sampling.greedy
 
     # p only where it is needed: at each draft token, and one full row at the stop point
-    tempered = temper(target_logits, temperature)  # [B, K+1, V] fp32
-    x_all = truncate(tempered, top_k, top_p)  # processed logits (same tensor if no top-k/p)
+    tempered = temper(target_logits, sampling.temperature)  # [B, K+1, V] fp32
+    x_all = truncate(
+        tempered, sampling.top_k, sampling.top_p
+    )  # processed logits (same tensor if no top-k/p)
     lse = x_all.logsumexp(dim=-1)  # [B, K+1]
     px = (x_all[:, :K].gather(-1, x.unsqueeze(-1)).squeeze(-1) - lse[:, :K]).exp().double()
     if draft_probs is None:
