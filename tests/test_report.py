@@ -39,6 +39,9 @@ def test_step_speedup_from_shadow_rollouts_by_hand():
     assert s["step_speedup"] == pytest.approx((9.2 / 8.2 + 5.2 / 6.2) / 2, abs=1e-4)
     assert s["gen_speedup"] == pytest.approx((1.25 + 0.5) / 2)
     assert s["deepest_draft"] == 2
+    assert "gen_rate_speedup" not in s  # metrics written before it existed
+    rows[1]["gen_rate_speedup"], rows[3]["gen_rate_speedup"] = 1.1, 0.9
+    assert summarise(rows)["gen_rate_speedup"] == pytest.approx(1.0)
 
 
 def test_report_is_readable_and_explains_only_what_it_has(tmp_path):
@@ -79,3 +82,5 @@ def test_step_line_is_one_readable_line():
     assert "\n" not in line and "{" not in line
     assert line.startswith("step 3/10  reward 0.250  acc 0.250  len 54  AL 1.20")
     assert "gen 4.0s (x1.25 vs plain)" in line and "211 tok/s" in line
+    m["gen_rate_speedup"] = 1.0312
+    assert "gen 4.0s (x1.25 vs plain, tok/s x1.03)" in step_line(m, 10)

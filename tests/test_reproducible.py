@@ -18,7 +18,16 @@ FIXTURE = Path(__file__).parent / "fixtures" / "tiny_metrics.json"
 SEEDS = (0, 1, 2)
 STEPS = 10
 MODES = {"spec": "true", "ar": "false"}
-TIMINGS = ("time", "step_s", "gen_tok_s", "gen_busy_s", "exposed_gen_s", "shadow_ar_gen_s")
+TIMINGS = (
+    "time",
+    "step_s",
+    "gen_tok_s",
+    "gen_busy_s",
+    "exposed_gen_s",
+    "shadow_ar_gen_s",
+    "gen_speedup",
+    "gen_rate_speedup",
+)
 
 
 def deterministic(row: dict) -> dict:

@@ -267,3 +267,23 @@ def test_logprob_tolerance_bounds_log_softmax_under_logit_error():
         assert gap >= 0.99 * logprob_tolerance(T, eps)
     assert logprob_tolerance(0.0) == logprob_tolerance(1.0) == 2 * EPS_LOGIT  # greedy: T = 1
     assert logprob_tolerance(0.45) == pytest.approx(2 * EPS_LOGIT / 0.45)
+
+
+def test_shadow_rollouts_measure_plain_decoding_and_change_nothing(tiny_setup, tmp_path):
+    """Shadow steps decode the same requests without speculation for the speed-up
+    figures, and discard them: training is the same as without them."""
+    from tests.test_reproducible import deterministic
+
+    t = _trainer(tiny_setup, tmp_path / "a", "pipeline.shadow_every=1")
+    plain = _trainer(tiny_setup, tmp_path / "b")
+    shadowed = [t.run_step() for _ in range(2)]
+    rows = [plain.run_step() for _ in range(2)]
+    for m, ref in zip(shadowed, rows, strict=True):
+        assert m["shadow_ar_gen_tokens"] > 0
+        assert m["gen_speedup"] == pytest.approx(m["shadow_ar_gen_s"] / m["time"]["gen"], rel=2e-2)
+        rate = (m["gen_tokens"] / m["time"]["gen"]) / (
+            m["shadow_ar_gen_tokens"] / m["shadow_ar_gen_s"]
+        )
+        assert m["gen_rate_speedup"] == pytest.approx(rate, rel=2e-2)  # inputs rounded
+        extra = {"shadow_ar_gen_tokens", "gen_speedup", "gen_rate_speedup"}
+        assert {k: v for k, v in deterministic(m).items() if k not in extra} == deterministic(ref)
