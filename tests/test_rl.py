@@ -272,10 +272,14 @@ def test_logprob_tolerance_bounds_log_softmax_under_logit_error():
 def test_shadow_rollouts_measure_plain_decoding_and_change_nothing(tiny_setup, tmp_path):
     """Shadow steps decode the same requests without speculation for the speed-up
     figures, and discard them: training is the same as without them."""
+    import copy
+
     from tests.test_reproducible import deterministic
 
+    policy, tok = tiny_setup
+    untouched = (copy.deepcopy(policy), tok)  # each learner trains its own policy in place
     t = _trainer(tiny_setup, tmp_path / "a", "pipeline.shadow_every=1")
-    plain = _trainer(tiny_setup, tmp_path / "b")
+    plain = _trainer(untouched, tmp_path / "b")
     shadowed = [t.run_step() for _ in range(2)]
     rows = [plain.run_step() for _ in range(2)]
     for m, ref in zip(shadowed, rows, strict=True):
