@@ -137,12 +137,12 @@ class Trainer:
         # plain decoding of the same requests on the same weights; every other time it
         # runs first, so that neither side always comes right after the learner's update
         shadow_first = shadow and (s // every) % 2 == 1
-        shadow_s = self._shadow(reqs) if shadow_first else None
+        plain_run = self._shadow(reqs) if shadow_first else None  # (seconds, tokens)
         t0 = time.perf_counter()
         results, spec, lag = self._rollouts(s, reqs)
         t["gen"] = time.perf_counter() - t0  # async: only the exposed part (learner waits)
         if shadow and not shadow_first:
-            shadow_s = self._shadow(reqs)
+            plain_run = self._shadow(reqs)
         self._check_stop()
 
         t0 = time.perf_counter()
@@ -207,11 +207,11 @@ class Trainer:
             depth_hist=list(spec.depth_hist),  # decode iterations by draft depth (0 = plain)
             policy_version=self.step,
         )
-        if shadow_s is not None:
+        if plain_run is not None:
             # speculative and plain decoding draw the same distribution, not the same
             # samples: the two runs' lengths differ, so the time ratio (the step's
             # saving) moves with them, and the token-rate ratio measures the decoding
-            shadow_s, shadow_tok = shadow_s
+            shadow_s, shadow_tok = plain_run
             metrics["shadow_ar_gen_s"] = round(shadow_s, 3)
             metrics["shadow_ar_gen_tokens"] = shadow_tok
             metrics["gen_speedup"] = round(shadow_s / t["gen"], 4)
