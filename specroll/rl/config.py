@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from specroll.device import check_device_name, check_dtype_name
 from specroll.drafters.trainable import KINDS
 from specroll.rl.backends import BACKENDS
 
@@ -75,6 +76,12 @@ class RolloutConfig:
     """depth='adaptive': hardware profile JSON; '' = measure once and cache it."""
     backend: str = "local"
     """Where rollouts run: 'local' (this process) or 'ray' (Ray workers, section `ray`)."""
+    device: str = "auto"
+    """Where the engine decodes: 'auto' (CUDA when present, else CPU), 'cpu', 'cuda[:N]'
+    (Ray workers: 'auto' is the GPU each worker was given)."""
+    dtype: str = "float32"
+    """Engine weights and KV cache: 'float32' or 'bfloat16' (logits, sampling and the
+    verifier stay fp32 either way: speculation is exact for the engine's distribution)."""
 
     def __post_init__(self) -> None:
         _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
@@ -96,6 +103,40 @@ class RolloutConfig:
             self.backend in BACKENDS,
             f"rollout.backend must be one of {tuple(BACKENDS)}, got {self.backend!r}",
         )
+        check_device_name("rollout.device", self.device)
+        check_dtype_name("rollout.dtype", self.dtype)
+
+
+RECOMPUTE = ("auto", "always")
+"""`learner.recompute_logprobs` values."""
+
+
+@dataclass
+class LearnerConfig:
+    """Where and how the learner computes (the optimizer itself: section `policy`)."""
+
+    device: str = "auto"
+    """Where the learner trains: 'auto' (CUDA when present, else CPU), 'cpu', 'cuda[:N]'."""
+    dtype: str = "float32"
+    """Compute dtype: 'float32', or 'bfloat16' (autocast over fp32 master weights and
+    fp32 optimizer state; log-softmax and the loss in fp32)."""
+    recompute_logprobs: str = "auto"
+    """Stage `logprob`: 'always' recomputes the old log-probs with the learner; 'auto'
+    uses the engine's (equal to float rounding when both sides are fp32 and the samples
+    are on-policy), checking them against a recomputation on the first step and every
+    `check_every` steps, and recomputing from then on if a check fails."""
+    check_every: int = 10
+    """recompute_logprobs='auto': steps between agreement checks (the first step is one)."""
+
+    def __post_init__(self) -> None:
+        check_device_name("learner.device", self.device)
+        check_dtype_name("learner.dtype", self.dtype)
+        _check(
+            self.recompute_logprobs in RECOMPUTE,
+            f"learner.recompute_logprobs must be one of {RECOMPUTE}, "
+            f"got {self.recompute_logprobs!r}",
+        )
+        _check(self.check_every >= 1, f"learner.check_every must be >= 1, got {self.check_every}")
 
 
 @dataclass
@@ -154,6 +195,10 @@ class LossConfig:
     behaviour_weight_cap: float = 2.0
     """Async (pipeline.max_lag > 0): cap of the decoupled-PPO importance weight
     pi_prox / pi_behaviour that corrects for samples drawn by an older policy."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling of the rollout-learner mismatch: weight each token's
+    loss by min(pi_learner / pi_engine, tis_cap) (bf16 or GPU engines sample from a
+    slightly different distribution than the learner scores); 0 = off."""
 
     def __post_init__(self) -> None:
         _check(0 <= self.clip_low < 1, f"loss.clip_low must be in [0, 1), got {self.clip_low}")
@@ -166,6 +211,10 @@ class LossConfig:
         _check(
             self.updates_per_step >= 1,
             f"loss.updates_per_step must be >= 1, got {self.updates_per_step}",
+        )
+        _check(
+            self.tis_cap == 0 or self.tis_cap >= 1,
+            f"loss.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}",
         )
 
 
@@ -296,6 +345,7 @@ class TrainConfig:
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -337,6 +387,7 @@ def _coerce(where: str, value: Any, typ: Any) -> Any:
 SECTIONS: dict[str, type] = {
     "policy": PolicyConfig,
     "rollout": RolloutConfig,
+    "learner": LearnerConfig,
     "draft": DraftConfig,
     "loss": LossConfig,
     "data": DataConfig,

@@ -46,6 +46,8 @@ FREE_TO_CHANGE = {
     ("pipeline", "steps"),
     ("rollout", "backend"),
     ("log", "tensorboard"),
+    ("rollout", "device"),
+    ("learner", "device"),
 }
 """Settings a resumed run may change: they do not change what a step computes."""
 FREE_SECTIONS = {"ray"}
@@ -93,6 +95,8 @@ def config_mismatch(mine: dict, theirs: dict) -> str | None:
         for key, value in fields.items():
             if (sec, key) in FREE_TO_CHANGE:
                 continue
+            if key not in theirs.get(sec, {}) and value == _default(sec, key):
+                continue  # a setting newer than the checkpoint, left at its default
             old = theirs.get(sec, {}).get(key)
             if _norm(value) != _norm(old):
                 return (
@@ -160,6 +164,20 @@ def start(out: str | Path, config: dict, plan: Plan) -> str:
     (out / RUN_FILE).write_text(json.dumps({"run_id": run_id}) + "\n")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return run_id
+
+
+def _default(section: str, key: str):
+    """The default of setting section.key (what a checkpoint that predates it ran with)."""
+    import dataclasses
+
+    from specroll.rl.config import SECTIONS
+
+    for f in dataclasses.fields(SECTIONS[section]):
+        if f.name == key:
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            return f.default
+    return dataclasses.MISSING
 
 
 def _norm(v):
