@@ -143,7 +143,10 @@ def test_online_draft_improves_acceptance(tiny_setup, tmp_path):
 
 def _comparable(m: dict) -> dict:
     timing = ("time", "step_s", "gen_tok_s", "gen_busy_s", "exposed_gen_s")
-    return {k: v for k, v in m.items() if k not in timing}
+    # when the agreement checks of recompute_logprobs=auto ran (a resumed process checks
+    # on its first step) changes what was measured, never what was trained
+    checks = ("logprob_check", "logprob_mismatch_mean", "logprob_mismatch_max", "mismatch_kl")
+    return {k: v for k, v in m.items() if k not in timing + checks}
 
 
 def test_interrupted_and_resumed_run_repeats_the_uninterrupted_one(tiny_setup, tmp_path):
@@ -291,3 +294,75 @@ def test_shadow_rollouts_measure_plain_decoding_and_change_nothing(tiny_setup, t
         assert m["gen_rate_speedup"] == pytest.approx(rate, rel=2e-2)  # inputs rounded
         extra = {"shadow_ar_gen_tokens", "gen_speedup", "gen_rate_speedup"}
         assert {k: v for k, v in deterministic(m).items() if k not in extra} == deterministic(ref)
+
+
+def test_mismatch_statistics_by_hand():
+    from specroll.rl.mismatch import mismatch_stats
+
+    engine = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.2, 0.3]]))
+    learner = torch.log(torch.tensor([[0.4, 0.25, 0.3], [0.2, 0.2, 0.3]]))
+    mask = torch.tensor([[True, True, False], [True, False, False]])  # 0.9 vs 0.3 not compared
+    st = mismatch_stats(engine, learner, mask)
+    d = [math.log(0.4 / 0.5), 0.0, math.log(0.2 / 0.1)]  # log r = log pi_learner / pi_engine
+    assert st["logprob_mismatch_mean"] == pytest.approx(sum(abs(x) for x in d) / 3)
+    assert st["logprob_mismatch_max"] == pytest.approx(math.log(2))
+    kl = [math.exp(x) - 1 - x for x in d]  # k3: r - 1 - log r
+    assert st["mismatch_kl"] == pytest.approx(sum(kl) / 3)
+    assert all(v is None for v in mismatch_stats(engine, learner, mask & False).values())
+
+
+def test_recompute_auto_trains_on_engine_logprobs_and_checks_them(tiny_setup, tmp_path):
+    """auto: the first step and every check_every-th recompute (as a check) and still train
+    on the engine's log-probs; the steps between do not recompute at all; the losses are
+    those of `always` to float rounding (the two log-probs agree to ~1e-6 in fp32)."""
+    from specroll.model import load_model
+    from specroll.model.hub import resolve
+
+    auto = _trainer(tiny_setup, tmp_path / "a", "learner.check_every=2")
+    calls = []
+    real = auto.host.logprobs
+    auto.host.logprobs = lambda b: calls.append(1) or real(b)
+    ms = [auto.run_step() for _ in range(3)]
+    assert [m["logprob_source"] for m in ms] == ["engine"] * 3
+    assert [m["logprob_check"] for m in ms] == [True, None, True] and len(calls) == 2
+    assert ms[1]["logprob_mismatch_max"] is None and ms[0]["logprob_mismatch_max"] <= 1e-5
+    always = _trainer(
+        (load_model(resolve("tiny")), tiny_setup[1]),
+        tmp_path / "b",
+        "learner.recompute_logprobs=always",
+    )
+    ma = [always.run_step() for _ in range(3)]
+    assert [m["logprob_source"] for m in ma] == ["learner"] * 3
+    assert all(m["logprob_mismatch_max"] is not None for m in ma)
+    for a, b in zip(ms, ma, strict=True):
+        assert a["reward"] == b["reward"]  # same rollouts: step 0's weights are the same
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-5)
+
+
+def test_recompute_auto_falls_back_when_a_check_fails(tiny_setup, tmp_path):
+    logs: list[str] = []
+    t = _trainer(tiny_setup, tmp_path, "learner.check_every=1")
+    t.log = logs.append
+    real = t.host.logprobs
+    t.host.logprobs = lambda b: (real(b)[0] - 0.01 * b.response_mask, None)  # a bad learner
+    m = t.run_step()
+    assert m["logprob_check"] is False and m["logprob_source"] == "learner"
+    assert m["logprob_mismatch_max"] == pytest.approx(0.01, rel=1e-3)
+    assert t.logprob_fallback and any("recomputing the log-probs from now on" in x for x in logs)
+    m = t.run_step()  # from now on: recomputed every step, no check
+    assert m["logprob_source"] == "learner" and m["logprob_check"] is None
+    assert t.state()["logprob_fallback"] is True  # survives a resume
+
+
+def test_recompute_auto_is_off_where_engine_logprobs_are_not_the_old_ones():
+    from specroll.rl.pipeline import engine_logprobs_usable
+
+    assert engine_logprobs_usable(build_config("tiny"))
+    for over in (
+        "rollout.dtype=bfloat16",
+        "learner.dtype=bfloat16",
+        "pipeline.max_lag=1",
+        "loss.kl_coef=0.1",
+        "learner.recompute_logprobs=always",
+    ):
+        assert not engine_logprobs_usable(build_config("tiny", [over])), over

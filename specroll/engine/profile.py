@@ -124,8 +124,9 @@ def cached_profile(
     """The hardware profile of `model` + `drafter` on this machine: the one at `path`, or
     the cached one under $SPECROLL_HOME/profiles (measured now, once, if missing).
 
-    The cache key is the model shape, the drafter and the thread count: a profile taken
-    with other threads or another model would choose depths for the wrong machine.
+    The cache key is the model shape, the drafter, the thread count and (when not the
+    fp32 CPU default) the device and dtype: a profile taken with other threads, another
+    model, on another device or in another dtype would choose depths for the wrong machine.
 
     A cached profile is measured again when it is of an older format or was marked
     stale: `AdaptiveDepth` compares it with the iteration times the engine measures and,
@@ -139,6 +140,12 @@ def cached_profile(
 
     c = model.cfg
     key = f"{c.num_layers}x{c.hidden_size}-v{c.vocab_size}-t{torch.get_num_threads()}"
+    p = next(model.parameters())
+    if p.device.type != "cpu":
+        name = torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else ""
+        key += f"-{p.device.type}-{name.replace(' ', '_')}".rstrip("-")
+    if p.dtype != torch.float32:
+        key += f"-{str(p.dtype).removeprefix('torch.')}"
     cached = home() / "profiles" / f"{key}-{drafter.name}.json"
     if cached.is_file():
         cm = CostModel.load(cached)

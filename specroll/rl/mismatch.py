@@ -43,6 +43,8 @@ the log-normaliser moves by a probability-weighted average of the logit errors.
 
 from __future__ import annotations
 
+import torch
+
 EPS_LOGIT = 1e-3
 """Bound on |z_engine - z_learner| in logit units for fp32 policies up to SmolLM2's size:
 2.7x the largest difference measured on SmolLM2-135M (3.7e-4), 140x the tiny models'."""
@@ -57,3 +59,26 @@ def logprob_tolerance(temperature: float, eps_logit: float = EPS_LOGIT) -> float
     """
     t = temperature if temperature > 0 else 1.0
     return 2.0 * eps_logit / t
+
+
+def mismatch_stats(
+    engine_logp: torch.Tensor, learner_logp: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float | None]:
+    """The rollout-learner mismatch statistics of the RL literature, on the sampled tokens.
+
+    engine_logp, learner_logp: [N, T] log-probs of the same tokens (the engine's, which
+    sampled them, and the learner's recomputation); mask: [N, T] bool, the tokens to
+    compare. Returns the mean and max |d log p| and the k3 estimate of
+    KL(pi_engine || pi_learner): with r = pi_learner / pi_engine on tokens drawn from the
+    engine, E[r - 1 - log r] is that KL, and every term is >= 0 (Schulman 2020). All
+    None when the mask is empty (no on-policy token to compare).
+    """
+    m = mask.bool()
+    if not bool(m.any()):
+        return {"logprob_mismatch_mean": None, "logprob_mismatch_max": None, "mismatch_kl": None}
+    d = (learner_logp.double() - engine_logp.double())[m]  # [n] log r
+    return {
+        "logprob_mismatch_mean": float(d.abs().mean()),
+        "logprob_mismatch_max": float(d.abs().max()),
+        "mismatch_kl": float((torch.expm1(d) - d).mean()),
+    }

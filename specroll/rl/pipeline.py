@@ -35,10 +35,22 @@ from specroll.rl.backends import build_rollout
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner import Batch
 from specroll.rl.learner_host import build_host
-from specroll.rl.mismatch import logprob_tolerance
+from specroll.rl.mismatch import logprob_tolerance, mismatch_stats
 from specroll.rl.rollout import Pending
 from specroll.rl.workload import VALIDATION_SEED, Workload, step_seed
 from specroll.tasks.sets import encode, math_problems
+
+
+def engine_logprobs_usable(cfg: TrainConfig) -> bool:
+    """Whether `learner.recompute_logprobs: auto` may take the engine's log-probs as the
+    old ones: synchronous (every sample on-policy), fp32 on both sides (bf16 log-probs
+    differ by far more than float rounding), and no reference pass needed anyway (KL)."""
+    return (
+        cfg.learner.recompute_logprobs == "auto"
+        and cfg.pipeline.max_lag == 0
+        and cfg.rollout.dtype == cfg.learner.dtype == "float32"
+        and cfg.loss.kl_coef == 0
+    )
 
 
 class Interrupted(Exception):
@@ -75,6 +87,10 @@ class Trainer:
         self._stop = False
         self.work = Workload(cfg, tok)
         """What each step samples: problems, requests and their seeds, rewards."""
+        self.logprob_fallback = False
+        """An agreement check failed: recompute the old log-probs from then on (kept in
+        checkpoints)."""
+        self._checked = False  # this process has run an agreement check
 
     def _rollouts(self, s: int, reqs: list[Request]):
         """Step s's rollouts and {lag: samples}.
@@ -114,6 +130,44 @@ class Trainer:
         t0 = time.perf_counter()
         results, _ = self.rollout.generate(reqs, plain=True)
         return time.perf_counter() - t0, sum(len(r.token_ids) for r in results)
+
+    def _old_logprobs(self, batch: Batch, fresh: torch.Tensor, s: int):
+        """Stage `logprob`: (old [N, T], ref [N, T] or None, metrics).
+
+        Recomputed by the learner, or (`learner.recompute_logprobs: auto`, see
+        `engine_logprobs_usable`) the engine's own, which equal the learner's to float
+        rounding in fp32: then the learner recomputes only on the first step this process
+        runs and every `learner.check_every` steps, as a check. A check that passes still
+        trains on the engine's log-probs, so a run does not depend on when it checked (a
+        resumed run repeats the uninterrupted one); one that fails (mismatch above the
+        stated bound, `rl.mismatch`) switches the run to recomputation, with a warning.
+        The mismatch statistics are those of every recomputation (on-policy tokens)."""
+        cfg = self.cfg
+        use_engine = engine_logprobs_usable(cfg) and not self.logprob_fallback
+        check = not self._checked or s % cfg.learner.check_every == 0
+        engine = batch.behaviour_logp * batch.response_mask
+        if use_engine and not check:
+            none = mismatch_stats(engine, engine, torch.zeros_like(batch.response_mask))
+            return engine, None, {**none, "logprob_source": "engine", "logprob_check": None}
+        old, ref = self.host.logprobs(batch)
+        self._checked = True
+        stats = mismatch_stats(batch.behaviour_logp, old, batch.response_mask & fresh[:, None])
+        worst = stats["logprob_mismatch_max"]
+        fp32 = cfg.rollout.dtype == cfg.learner.dtype == "float32"
+        bound = logprob_tolerance(cfg.rollout.temperature)
+        agree = worst is None or worst <= bound
+        if fp32 and not agree:
+            self.log(
+                f"warning: step {s + 1}: engine vs learner log-probs differ by {worst:.2e}, "
+                f"above the stated bound {bound:.2e} (rl.mismatch): check weights and dtype"
+                + ("; recomputing the log-probs from now on" if use_engine else "")
+            )
+        if not use_engine:
+            return old, ref, {**stats, "logprob_source": "learner", "logprob_check": None}
+        if agree:  # checked: train on the engine's, as on the steps between checks
+            return engine, ref, {**stats, "logprob_source": "engine", "logprob_check": True}
+        self.logprob_fallback = True
+        return old, ref, {**stats, "logprob_source": "learner", "logprob_check": False}
 
     # ------------------------------------------------------------------ step
 
@@ -158,20 +212,9 @@ class Trainer:
             batch = Batch.from_results([results[i] for i in rows], adv.view(-1)[rows])
             fresh = torch.tensor([results[i].policy_version == s for i in rows])
             t0 = time.perf_counter()
-            old, ref = self.host.logprobs(batch)
-            # engine vs learner log-probs of the same weights (async: lag-0 samples only)
-            mask = batch.response_mask & fresh.unsqueeze(1)
-            metrics["logprob_mismatch_max"] = (
-                float(((old - batch.behaviour_logp).abs() * mask).max()) if fresh.any() else None
-            )
+            old, ref, stats = self._old_logprobs(batch, fresh, s)
+            metrics.update(stats)
             t["logprob"] = time.perf_counter() - t0
-            bound = logprob_tolerance(cfg.rollout.temperature)
-            worst = metrics["logprob_mismatch_max"]
-            if worst is not None and worst > bound:
-                self.log(
-                    f"warning: step {s + 1}: engine vs learner log-probs differ by {worst:.2e}, "
-                    f"above the stated bound {bound:.2e} (rl.mismatch): check weights and dtype"
-                )
             self._check_stop()
             t0 = time.perf_counter()
             metrics.update(self.host.train(batch, old, ref))
@@ -230,7 +273,11 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def state(self) -> dict:
-        return {"config": self.cfg.to_dict(), **self.host.state()}
+        return {
+            "config": self.cfg.to_dict(),
+            "logprob_fallback": self.logprob_fallback,
+            **self.host.state(),
+        }
 
     def restore(self, state: dict) -> None:
         problem = rundir.config_mismatch(self.cfg.to_dict(), state["config"])
@@ -238,6 +285,7 @@ class Trainer:
             raise ValueError(problem)
         self.host.restore(state)
         self.step = state["step"]
+        self.logprob_fallback = bool(state.get("logprob_fallback", False))
         self.rollout.publish(self.step, *self.host.weights())
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specroll.device import resolve_device, resolve_dtype
 from specroll.drafters.trainable import TrainableDraft, replica
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
@@ -75,6 +76,15 @@ class Rollout:
 
     def close(self) -> None:
         pass
+
+
+def place(module: torch.nn.Module, rc: RolloutConfig) -> torch.nn.Module:
+    """`module` on the rollout side's device and dtype (`rollout.device`, `rollout.dtype`;
+    'auto' is resolved where this runs: a Ray worker's own GPU)."""
+    return module.to(
+        device=resolve_device(rc.device, "rollout.device"),
+        dtype=resolve_dtype(rc.dtype, "rollout.dtype"),
+    )
 
 
 def build_engine(
