@@ -1,0 +1,124 @@
+"""Host synchronisations per engine iteration, plain and speculative, for every drafter.
+
+Counts (not estimates) what `specroll.engine.syncs.HostSyncs` intercepts inside each
+decode/verify iteration (`Engine._step`) and each prefill, on a small random model: the
+count depends on the engine's code paths, not on the model's size. Mixed sampling rows
+(greedy, top-k, top-p) and more requests than slots, so admission and compaction run.
+
+    python benchmarks/host_syncs.py            # final line: JSON with the counts
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+
+import torch
+
+from specroll.drafters.draft_model import DraftModelDrafter
+from specroll.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+from specroll.drafters.mtp import MTPConfig, MTPDraft, MTPDrafter
+from specroll.drafters.ngram import NgramDrafter
+from specroll.engine.depth import FixedDepth
+from specroll.engine.engine import Engine, EngineConfig
+from specroll.engine.request import Request, SamplingParams
+from specroll.engine.syncs import HostSyncs
+from specroll.model.config import ModelConfig
+from specroll.model.transformer import Transformer
+
+
+def model(seed: int = 0) -> Transformer:
+    cfg = ModelConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_position_embeddings=256,
+    )
+    return Transformer(cfg).init_weights(seed=seed, std=0.4).eval()
+
+
+def drafters(target: Transformer) -> dict:
+    return {
+        "plain": lambda: None,
+        "ngram": lambda: NgramDrafter(n_max=2),
+        "draft_model": lambda: DraftModelDrafter(model(1)),
+        "eagle3": lambda: Eagle3Drafter(
+            Eagle3Head(Eagle3Config.for_target(target.cfg, 12), embed=target).init_weights(3, 0.3)
+        ),
+        "mtp": lambda: MTPDrafter(
+            MTPDraft(MTPConfig.for_target(target.cfg, num_mtp=2), target).init_weights(4, 0.3)
+        ),
+    }
+
+
+def requests(n: int = 12) -> list[Request]:
+    params = [
+        SamplingParams(max_new_tokens=24, temperature=1.0),
+        SamplingParams(max_new_tokens=24, temperature=0.0),
+        SamplingParams(max_new_tokens=24, temperature=0.8, top_k=8),
+        SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9),
+    ]
+    g = torch.Generator().manual_seed(0)
+    return [
+        Request(torch.randint(0, 64, (5 + i % 4,), generator=g).tolist(), params[i % 4])
+        for i in range(n)
+    ]
+
+
+def count(engine: Engine) -> dict:
+    """Syncs of every `_step` and `_prefill` call of one generate."""
+    per_step: list[int] = []
+    per_prefill: list[int] = []
+    by_call: Counter[str] = Counter()
+    step, prefill = engine._step, engine._prefill
+
+    def counted(fn, into):
+        def run(*a, **kw):
+            with HostSyncs() as s:
+                out = fn(*a, **kw)
+            into.append(s.total)
+            by_call.update(s.by_call)
+            return out
+
+        return run
+
+    engine._step = counted(step, per_step)
+    engine._prefill = counted(prefill, per_prefill)
+    with HostSyncs() as whole:
+        engine.generate(requests())
+    engine._step, engine._prefill = step, prefill
+    iters = len(per_step)
+    return {
+        "iterations": iters,
+        "syncs_per_iteration_median": statistics.median(per_step),
+        "syncs_per_iteration_max": max(per_step),
+        "syncs_per_prefill_median": statistics.median(per_prefill),
+        "syncs_per_generate": whole.total,
+        "step_by_call": dict(sorted(by_call.items())),
+    }
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    target = model()
+    out = {}
+    for name, make in drafters(target).items():
+        d = make()
+        depth = FixedDepth(k=3, max_batch=64) if d is not None else None
+        out[name] = count(Engine(target, EngineConfig(max_batch=8), d, depth))
+        r = out[name]
+        print(
+            f"{name:12s} {r['iterations']:4d} iterations  syncs/iteration median "
+            f"{r['syncs_per_iteration_median']}, max {r['syncs_per_iteration_max']}  "
+            f"prefill {r['syncs_per_prefill_median']}  by call {r['step_by_call']}"
+        )
+    config = {"model": "random 4x32, vocab 64", "requests": 12, "max_batch": 8, "k": 3}
+    print(json.dumps({"config": config, "results": out}))
+
+
+if __name__ == "__main__":
+    main()
