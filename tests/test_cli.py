@@ -157,3 +157,17 @@ def test_generate_says_when_speculation_was_mostly_off(capsys, tiny_home):
     assert "speculation was off for" in err and "--spec-max-batch=4" in err, err
     assert main([*argv, "--batch", "4"]) == 0
     assert "speculation was off" not in capsys.readouterr().err
+
+
+def test_train_device_flags_name_the_field_and_the_values(capsys, tmp_path):
+    out = str(tmp_path / "run")
+    assert main(["train", "--preset", "tiny", "--out", out, "--device", "gpu"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.device" in err and "cuda:N" in err
+    # a --set overrides the shorthand on its side only: the error names the learner's
+    bad = ["--device", "cpu", "--set", "learner.device=tpu"]
+    assert main(["train", "--preset", "tiny", "--out", out, *bad]) == 2
+    assert "learner.device" in capsys.readouterr().err
+    if not __import__("torch").cuda.is_available():
+        assert main(["train", "--preset", "tiny", "--out", out, "--device", "cuda"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err

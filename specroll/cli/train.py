@@ -19,6 +19,11 @@ def cmd_train(args: argparse.Namespace) -> None:
         overrides.append(f"pipeline.out_dir={args.out}")
     if args.steps is not None:
         overrides.append(f"pipeline.steps={args.steps}")
+    for side in ("rollout", "learner"):  # --device/--dtype: both sides, before any --set
+        if args.device:
+            overrides.insert(0, f"{side}.device={args.device}")
+        if args.dtype:
+            overrides.insert(0, f"{side}.dtype={args.dtype}")
     cfg = build_config(args.preset, overrides)
     from specroll.rl import rundir
     from specroll.rl.workload import task_items
@@ -26,6 +31,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     # a bad dataset, a foreign or mismatched checkpoint, or an occupied output directory
     # fail before any model is loaded or any file is written
     task_items(cfg)
+    if cfg.rollout.backend == "local":  # (Ray workers and actors resolve theirs where they run)
+        from specroll.device import resolve_device
+
+        resolve_device(cfg.rollout.device, "rollout.device")
+        resolve_device(cfg.learner.device, "learner.device")
     plan = rundir.check(
         cfg.pipeline.out_dir, cfg.to_dict(), cfg.pipeline.steps, args.resume, args.overwrite
     )
@@ -116,6 +126,17 @@ def add_parser(sub) -> None:
     )
     tr.add_argument("--steps", type=int, help="shorthand for --set pipeline.steps=N")
     tr.add_argument("--out", help="shorthand for --set pipeline.out_dir=DIR")
+    tr.add_argument(
+        "--device",
+        help="auto, cpu, cuda or cuda:N for rollouts and learner (shorthand for "
+        "--set rollout.device=D --set learner.device=D; a --set overrides it per side)",
+    )
+    tr.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="rollout and learner dtype (shorthand for --set rollout.dtype=T --set "
+        "learner.dtype=T)",
+    )
     tr.add_argument(
         "--resume", action="store_true", help="continue this run from its latest checkpoint"
     )

@@ -96,7 +96,11 @@ def build_engine(
 ) -> Engine:
     """The engine of a rollout backend on its own `model` and `draft` copies: the depth
     policy of `rc`, and for adaptive depth the cost profile of the machine this runs on
-    (given, cached, or measured now on `prompts`), so that it is profiled where it decodes."""
+    (given, cached, or measured now on `prompts`), so that it is profiled where it decodes.
+    Both are moved to `rollout.device` / `rollout.dtype` first."""
+    model = place(model, rc)
+    if draft is not None:
+        draft = place(draft, rc)
     drafter, depth = None, None
     if draft is not None and rc.speculative:
         drafter = draft.drafter()
