@@ -3,7 +3,7 @@ learner can be added on one seam without touching the layers below it.
 
     model <- spec <- drafters (proposers) <- engine <- drafting (data, training, eval) <- rl <- cli
 
-`tasks`, `sim` and `progress` are leaves: they import nothing of the project, and any
+`tasks`, `sim`, `progress` and `device` are leaves: they import nothing of the project, and any
 layer may import them. `sim` (the cost model and the cluster simulator) also imports no
 torch, so it can run where the runtime cannot be installed."""
 
@@ -18,7 +18,7 @@ import specroll
 
 ROOT = Path(specroll.__file__).parent
 RANK = {"model": 0, "spec": 1, "drafters": 2, "engine": 3, "drafting": 4, "rl": 5, "cli": 6}
-LEAVES = {"tasks", "sim", "progress"}
+LEAVES = {"tasks", "sim", "progress", "device"}
 
 
 def layer(module: str) -> str:
