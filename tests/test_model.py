@@ -99,3 +99,33 @@ def test_packed_inference_weights_follow_weight_updates(hf_dirs, variant):
     fast2, ref2 = both()
     assert (fast2 - ref2).abs().max() <= 1e-5
     assert (fast2 - fast).abs().max() > 1e-3
+
+
+def test_bf16_engine_numerics_match_transformers_bf16(hf_dirs, variant):
+    """A bf16 model (weights and KV cache in bf16, RoPE tables kept fp32, norms as HF
+    computes them) gives fp32 logits no further from the fp32 model's than transformers'
+    own bf16 model is, through both the cached (engine) and the full-sequence path."""
+    import transformers
+
+    from specroll.model.weights import for_inference
+
+    path = hf_dirs[variant][1]
+    ref_model = load_model(path)
+    ours = for_inference(load_model(path), "cpu", torch.bfloat16)
+    assert ours.rotary.cos.dtype == torch.float32 and ours.layers[0].wqkv.dtype == torch.bfloat16
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    x = torch.randint(0, 97, (3, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = ref_model(x).logits
+        out = ours(x).logits
+        theirs = hf(x).logits.float()
+        cache = KVCache(ours.cfg, 3, 48, dtype=torch.bfloat16)
+        zeros = torch.zeros(3, dtype=torch.long)
+        first = ours(x[:, :30], positions=zeros, cache=cache).logits
+        rest = ours(x[:, 30:], positions=torch.full((3,), 30), cache=cache).logits
+    assert out.dtype == torch.float32 and first.dtype == torch.float32
+    hf_err = float((theirs - ref).abs().max())
+    scale = float(ref.abs().max())
+    for got in (out, torch.cat([first, rest], dim=1)):
+        assert float((got - ref).abs().max()) <= 2 * hf_err + 1e-3 * scale
+        assert float((got - theirs).abs().max()) <= 0.05 * scale

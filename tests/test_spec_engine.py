@@ -5,6 +5,10 @@ the engine with each drafter, is compared by a chi-square test with plain decodi
 exact joint distribution (enumerated on a 16-token vocabulary). The same test run
 against a deliberately broken verifier fails, so a pass means something.
 Greedy: 100% token-identical to plain greedy decoding over 128 tokens.
+
+The chi-square tests run in fp32 and in bf16 with the same thresholds: speculation is
+exact with respect to the engine's own distribution, so in bf16 the reference is the
+bf16 model's (fp32-upcast) logits, and every draft network runs in bf16 too.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from specroll.drafters.ngram import NgramDrafter
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.model import ModelConfig, Transformer
+from specroll.model.weights import for_inference
 from specroll.spec.sampling import RowSampling, probs_from_logits
 from tests.test_sampling import _chi2_sf
 
@@ -50,9 +55,24 @@ def _model(seed: int, std: float = 0.4) -> Transformer:
     return Transformer(cfg).init_weights(seed=seed, std=std).eval()
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 @pytest.fixture(scope="module")
 def target():
     return _model(0)
+
+
+@pytest.fixture(scope="module")
+def targets(target) -> dict[str, Transformer]:
+    """The test target in each engine dtype (bf16: a cast copy, RoPE tables kept fp32)."""
+    return {"fp32": target, "bf16": for_inference(_model(0), "cpu", torch.bfloat16)}
+
+
+def _like(target: Transformer, module: torch.nn.Module) -> torch.nn.Module:
+    """`module` (a draft network) on the target's device and in its dtype."""
+    p = next(target.parameters())
+    return for_inference(module, p.device, p.dtype)
 
 
 def _related(target: Transformer, noise: float = 0.15) -> Transformer:
@@ -66,32 +86,43 @@ def _related(target: Transformer, noise: float = 0.15) -> Transformer:
     return draft
 
 
+def _eagle3(target: Transformer) -> Eagle3Head:
+    head = Eagle3Head(Eagle3Config.for_target(target.cfg, 12), embed=target)
+    return head.init_weights(3, 0.3)
+
+
+def _mtp(target: Transformer) -> MTPDraft:
+    return MTPDraft(MTPConfig.for_target(target.cfg, num_mtp=2), target).init_weights(4, 0.3)
+
+
 def _drafters(target):
+    """Drafter factories on `target`; draft networks (built and initialised on the CPU in
+    fp32) run on the target's device and in its dtype."""
     return {
         "ngram": lambda: NgramDrafter(n_max=2),
-        "draft_model": lambda: DraftModelDrafter(_related(target)),
+        "draft_model": lambda: DraftModelDrafter(_like(target, _related(target))),
         "oracle": lambda: DraftModelDrafter(target),
         # random-init heads: exactness must not depend on the draft being any good
-        "eagle3": lambda: Eagle3Drafter(
-            Eagle3Head(Eagle3Config.for_target(target.cfg, 12), embed=target).init_weights(3, 0.3)
-        ),
-        "mtp": lambda: MTPDrafter(
-            MTPDraft(MTPConfig.for_target(target.cfg, num_mtp=2), target).init_weights(4, 0.3)
-        ),
+        "eagle3": lambda: Eagle3Drafter(_like(target, _eagle3(target))),
+        "mtp": lambda: MTPDrafter(_like(target, _mtp(target))),
     }
 
 
 def _exact_joint(model, t, k, p, n=3) -> torch.Tensor:
-    """P(y1..yn | PROMPT) of plain decoding, enumerated: [V**n]."""
-    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=n - 1)))  # [V^(n-1), n-1]
-    full = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], dim=1)
+    """P(y1..yn | PROMPT) of plain decoding, enumerated from the model's own fp32 logits
+    (a bf16 model's: upcast, as the engine samples them): [V**n], on the model's device."""
+    dev = next(model.parameters()).device
+    seqs = list(itertools.product(range(VOCAB), repeat=n - 1))
+    seqs = torch.tensor(seqs, device=dev)  # [V^(n-1), n-1]
+    full = torch.cat([torch.tensor(PROMPT, device=dev).expand(len(seqs), -1), seqs], dim=1)
     with torch.no_grad():
-        logits = model(full).logits[:, len(PROMPT) - 1 :]  # [M, n, V]
+        logits = model(full).logits[:, len(PROMPT) - 1 :]  # [M, n, V] fp32
     M = len(seqs)
-    probs = probs_from_logits(logits, RowSampling.full(M, t, k, p)).double()  # [M, n, V]
-    joint = torch.ones(M, dtype=torch.float64)
+    rows = RowSampling.full(M, t, k, p, device=dev)
+    probs = probs_from_logits(logits, rows).double()  # [M, n, V]
+    joint = torch.ones(M, dtype=torch.float64, device=dev)
     for i in range(n - 1):  # P(y1..y_{n-1}) for each prefix
-        joint = joint * probs[torch.arange(M), i, seqs[:, i]]
+        joint = joint * probs[torch.arange(M, device=dev), i, seqs[:, i]]
     return (joint.unsqueeze(1) * probs[:, n - 1]).flatten()  # [V^n]
 
 
@@ -133,9 +164,13 @@ def _shifted(probs: torch.Tensor, tv: float) -> torch.Tensor:
     return out
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("t,k,p", SETTINGS)
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model", "eagle3", "mtp"])
-def test_joint_distribution_of_three_tokens_matches_plain_decoding(target, drafter, t, k, p):
+def test_joint_distribution_of_three_tokens_matches_plain_decoding(
+    targets, drafter, t, k, p, dtype
+):
+    target = targets[dtype]
     make = _drafters(target)[drafter]
     engine = Engine(target, EngineConfig(max_batch=512), drafter=make(), depth=FixedDepth(3))
     counts = _sample_joint(engine, N, t, k, p, mixed=True)
@@ -151,9 +186,11 @@ def test_joint_distribution_of_three_tokens_matches_plain_decoding(target, draft
     assert _pvalue(counts, _shifted(exact, 0.02)) < 1e-4
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
-def test_the_same_test_fails_for_a_broken_verifier(target, drafter, monkeypatch):
+def test_the_same_test_fails_for_a_broken_verifier(targets, drafter, dtype, monkeypatch):
     """Recovered tokens drawn from p instead of the residual: a ~2-10% TV bias."""
+    target = targets[dtype]
     monkeypatch.setattr(V, "residual_distribution", lambda p_, q_: p_)
     make = _drafters(target)[drafter]
     engine = Engine(target, EngineConfig(max_batch=512), drafter=make(), depth=FixedDepth(3))

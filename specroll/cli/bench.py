@@ -12,10 +12,33 @@ from specroll.cli import common
 from specroll.progress import status
 
 
+def add_placement_args(p: argparse.ArgumentParser) -> None:
+    """--device and --dtype of commands that run the engine."""
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights and KV cache (logits, sampling and verification are fp32 either way)",
+    )
+
+
+def load_placed_policy(args: argparse.Namespace):
+    """(Transformer, Tokenizer) of --model on --device in --dtype (names checked first,
+    so a bad flag fails before the model loads)."""
+    from specroll.device import resolve_device, resolve_dtype
+    from specroll.model.weights import for_inference
+
+    device = resolve_device(args.device, "--device")
+    dtype = resolve_dtype(args.dtype, "--dtype")
+    model, tok = common.load_policy(args.model)
+    return for_inference(model, device, dtype), tok
+
+
 def cmd_bench_engine(args: argparse.Namespace) -> None:
     from specroll.engine.bench import bench_engine
 
-    model, tok = common.load_policy(args.model)
+    model, tok = load_placed_policy(args)
     batches = [int(b) for b in args.batches.split(",")]
     report = bench_engine(
         model,
@@ -39,6 +62,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
             f"{row.get('ratio') or 0:.2f}",
         )
     common.console.print(table)
+    where = report["config"]
+    common.console.print(f"device {where['device']}, dtype {where['dtype']}")
     vt = Table(title="verification cost: time(q tokens/row) / time(1 token/row)")
     qs = sorted({v["q"] for v in report["verify_cost"]})
     vt.add_column("batch", justify="right")
@@ -55,7 +80,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
 def cmd_bench_spec(args: argparse.Namespace) -> None:
     from specroll.engine.bench import bench_spec
 
-    model, tok = common.load_policy(args.model)
+    model, tok = load_placed_policy(args)
     report = bench_spec(
         model,
         tok,
@@ -67,7 +92,9 @@ def cmd_bench_spec(args: argparse.Namespace) -> None:
         temperature=args.temperature,
         log=common.log,
     )
-    common.spec_table(report, f"speculative decoding (T={args.temperature}, medians)")
+    where = report["config"]
+    title = f"speculative decoding (T={args.temperature}, {where['device']}, {where['dtype']})"
+    common.spec_table(report, title)
     if args.json:
         print(json.dumps(report))
 
@@ -118,6 +145,7 @@ def add_parser(sub) -> None:
     be.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
     be.add_argument("--verify-batches", default="1,4,16,64")
     be.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    add_placement_args(be)
     be.add_argument("--json", action="store_true", help="end with one JSON line")
     be.set_defaults(func=cmd_bench_engine)
     bs = bench.add_parser("spec", help="speculative vs plain decoding, same prompts and seeds")
@@ -128,6 +156,7 @@ def add_parser(sub) -> None:
     bs.add_argument("--new-tokens", type=int, default=128)
     bs.add_argument("--temperature", type=float, default=1.0)
     bs.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
+    add_placement_args(bs)
     bs.add_argument("--json", action="store_true", help="end with one JSON line")
     bs.set_defaults(func=cmd_bench_spec)
     bp = bench.add_parser("profile", help="measure this machine and fit the step-time model")

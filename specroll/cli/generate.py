@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 
 from specroll.cli import common
+from specroll.cli.bench import add_placement_args, load_placed_policy
 
 if TYPE_CHECKING:
     from specroll.spec.metrics import SpecStats
@@ -35,7 +36,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     )
     unique = common.read_prompts(args)
     texts = unique * args.samples
-    model, tok = common.load_policy(args.model)
+    model, tok = load_placed_policy(args)
     ids = [tok.encode_prompt(t, chat=not args.raw) for t in unique]
     drafter = depth = None
     if args.drafter:
@@ -138,6 +139,7 @@ def add_parser(sub) -> None:
     gen.add_argument("--batch", type=int, default=16, help="max concurrent requests")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", help="write JSONL here instead of printing")
+    add_placement_args(gen)
     gen.add_argument(
         "--drafter",
         help="speculative decoding: ngram, self, draft:PATH, "

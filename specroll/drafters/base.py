@@ -16,6 +16,11 @@ Per generate() call the engine calls, in order:
                                        row b entered the target cache at pos_before[b]..
                                        (hidden: the target states of that forward)
   move(src, dst)                       row src now lives in slot dst (compaction)
+
+Devices and dtypes: a drafter works on the device of the tensors the engine hands it
+(its network's, which the engine's model shares) and makes its own state there; a draft
+network runs in its weights' dtype (the engine's), and the q it returns is fp32, the
+exact distribution its tokens were sampled from.
 """
 
 from __future__ import annotations
@@ -143,12 +148,18 @@ class FeatureDrafter(Drafter):
     # loop ----------------------------------------------------------------------------
     def start(self, num_slots: int, max_len: int) -> None:
         c = self.cache
-        if c is None or c.num_slots < num_slots or c.max_len < max_len:
+        fits = c is not None and c.num_slots >= num_slots and c.max_len >= max_len
+        if fits and self.network is not None:  # the network may have been moved or cast
+            w = next(self.network.parameters())
+            fits = c.k.device == w.device and c.k.dtype == w.dtype
+        if not fits:
             self.cache = None
             self.cache = self.new_cache(num_slots, max_len)
         S, L = self.cache.num_slots, self.cache.max_len
-        self.dpos = torch.zeros(S, dtype=torch.long)  # pairs committed (= target pos)
-        self.fed = torch.zeros(S, dtype=torch.long)  # pairs already run through the draft
+        self.device = self.cache.k.device
+        long = dict(dtype=torch.long, device=self.device)
+        self.dpos = torch.zeros(S, **long)  # pairs committed (= target pos)
+        self.fed = torch.zeros(S, **long)  # pairs already run through the draft
         self.feats: torch.Tensor | None = None  # [S, L, H] conditioning of pending pairs
         self.max_len = L
         self.next_logits: torch.Tensor | None = None  # [S, *] output of pair fed-1
@@ -158,7 +169,7 @@ class FeatureDrafter(Drafter):
         """Keep feats[r, :counts[r]] as the conditioning of pairs first[r].. of rows[r]."""
         if self.feats is None:
             self.feats = feats.new_zeros(self.cache.num_slots, self.max_len, feats.shape[-1])
-        j = torch.arange(feats.shape[1])
+        j = torch.arange(feats.shape[1], device=self.device)
         keep = j < counts.unsqueeze(1)  # [n, W]
         r, c = keep.nonzero(as_tuple=True)
         self.feats[rows[r], (first[r] + c).clamp(max=self.max_len - 1)] = feats[r, c]
@@ -177,10 +188,11 @@ class FeatureDrafter(Drafter):
                 self._feed(b, b + 1, history)
 
     def _feed(self, lo: int, hi: int, history: torch.Tensor) -> None:
-        rows = torch.arange(lo, hi)
+        rows = torch.arange(lo, hi, device=self.device)
         start, pending = self.fed[lo:hi], self.dpos[lo:hi] - self.fed[lo:hi]
         width = int(pending.max())
-        t = (start.unsqueeze(1) + torch.arange(width)).clamp(max=history.shape[1] - 2)
+        col = torch.arange(width, device=self.device)
+        t = (start.unsqueeze(1) + col).clamp(max=history.shape[1] - 2)  # [n, W]
         tokens = history[lo:hi].gather(1, t + 1)  # pair t: (h_t, x_{t+1}), [n, W]
         feats = self.feats[rows.unsqueeze(1), t]  # [n, W, H]
         last = (pending - 1).clamp(min=0)  # [n] each row's last pending pair
@@ -200,15 +212,17 @@ class FeatureDrafter(Drafter):
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
         width = max(len(q) for q in seqs) - 1
         n = len(seqs)
-        rows = torch.arange(start, start + n)
+        long = dict(dtype=torch.long, device=self.device)
+        rows = torch.arange(start, start + n, **long)
         self.fed[rows] = 0
-        counts = torch.tensor([len(q) - 1 for q in seqs])
-        self._store(rows, torch.zeros(n, dtype=torch.long), self.features(hidden, width), counts)
+        counts = torch.tensor([len(q) - 1 for q in seqs], **long)
+        self._store(rows, torch.zeros(n, **long), self.features(hidden, width), counts)
 
     @torch.inference_mode()
     def commit(self, B, pos_before, num_new, hidden, history) -> None:
         K1 = next(iter(hidden.values())).shape[1]
-        self._store(torch.arange(B), pos_before, self.features(hidden, K1), num_new)
+        rows = torch.arange(B, device=self.device)
+        self._store(rows, pos_before, self.features(hidden, K1), num_new)
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
@@ -217,7 +231,7 @@ class FeatureDrafter(Drafter):
         logits, state = self.next_logits[:B], self.next_state[:B]
         tokens, probs = [], []
         for i in range(k):
-            full = self.to_target_logits(logits)  # [B, V]
+            full = self.to_target_logits(logits).float()  # [B, V] fp32 (bf16 heads: upcast)
             q = probs_from_logits(full, batch.sampling)
             tok = sample_from_probs(q, rng.uniforms(batch.seed, batch.n_gen + i, rng.DRAFT))
             tok = torch.where(batch.sampling.greedy, full.argmax(dim=-1), tok)

@@ -5,6 +5,9 @@ draft:PATH            a smaller model (HF dir or .gguf) sharing the tokenizer
 self                  the policy as its own draft (an oracle: acceptance 1, for checks)
 eagle3:PATH           an EAGLE-3 head saved by specroll, SpecForge or for vLLM
 mtp:PATH              MTP heads saved by specroll
+
+A loaded draft network is placed on the target's device and in its dtype: the draft runs
+in the engine's dtype, and hands the verifier fp32 q either way.
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ def _draft_dir(kind: str, path: str, spec: str) -> Path:
     raise ValueError(f"drafter {spec!r}: {d} {problem} (expected {EXPECTED[kind]})")
 
 
+def _placed(module, target: Transformer):
+    """`module` on `target`'s device and in its dtype (see `weights.for_inference`)."""
+    from specroll.model.weights import for_inference
+
+    p = next(target.parameters())
+    return for_inference(module, p.device, p.dtype)
+
+
 def build_drafter(spec: str, target: Transformer) -> Drafter:
     """Drafter for `spec` (see module docstring) on top of `target`."""
     kind, _, path = spec.partition(":")
@@ -62,15 +73,16 @@ def build_drafter(spec: str, target: Transformer) -> Drafter:
                 f"draft model vocab_size={draft.cfg.vocab_size} differs from the policy's "
                 f"{target.cfg.vocab_size}: they must share a tokenizer"
             )
-        return DraftModelDrafter(draft)
+        return DraftModelDrafter(_placed(draft, target))
     if kind == "eagle3" and path:
         from specroll.drafters.eagle3 import Eagle3Drafter
         from specroll.drafters.eagle3_io import load_eagle3
 
-        return Eagle3Drafter(load_eagle3(_draft_dir(kind, path, spec), target.cfg, embed=target))
+        head = load_eagle3(_draft_dir(kind, path, spec), target.cfg, embed=target)
+        return Eagle3Drafter(_placed(head, target))
     if kind == "mtp" and path:
         from specroll.drafters.mtp import MTPDrafter
         from specroll.drafters.mtp_io import load_mtp
 
-        return MTPDrafter(load_mtp(_draft_dir(kind, path, spec), target))
+        return MTPDrafter(_placed(load_mtp(_draft_dir(kind, path, spec), target), target))
     raise ValueError(f"drafter {spec!r} is not one of: {', '.join(KINDS)}")

@@ -27,27 +27,29 @@ class DraftModelDrafter(Drafter):
         self.model = self.network = model.eval()
         self.version = version
         self.cache: KVCache | None = None
-        self.dpos = torch.zeros(0, dtype=torch.long)  # [S] tokens in the draft cache
+        self.device = next(model.parameters()).device
+        self.dpos = torch.zeros(0, dtype=torch.long, device=self.device)  # [S] cached tokens
         self._proposed: tuple[torch.Tensor, int] | None = None
 
     def start(self, num_slots: int, max_len: int) -> None:
         c = self.cache
-        if c is None or c.num_slots < num_slots or c.max_len < max_len:
+        p = next(self.model.parameters())
+        self.device = p.device  # the model may have been moved since construction
+        fits = c is not None and c.num_slots >= num_slots and c.max_len >= max_len
+        if not (fits and c.k.device == p.device and c.k.dtype == p.dtype):
             self.cache = None
-            p = next(self.model.parameters())
             self.cache = KVCache(self.model.cfg, num_slots, max_len, p.dtype, p.device)
-        self.dpos = torch.zeros(self.cache.num_slots, dtype=torch.long)
+        self.dpos = torch.zeros(self.cache.num_slots, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
         prompts = [q[:-1] for q in seqs]  # the first generated token is `last`, not cached
         width = max(len(p) for p in prompts)
-        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-        for r, p in enumerate(prompts):
-            tokens[r, : len(p)] = torch.tensor(p)
-        zeros = torch.zeros(len(prompts), dtype=torch.long)
+        long = dict(dtype=torch.long, device=self.device)
+        tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], **long)
+        zeros = torch.zeros(len(prompts), **long)
         self.model(tokens, positions=zeros, cache=self.cache, slot_start=start, return_logits=False)
-        self.dpos[start : start + len(prompts)] = torch.tensor([len(p) for p in prompts])
+        self.dpos[start : start + len(prompts)] = torch.tensor([len(p) for p in prompts], **long)
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
@@ -56,7 +58,8 @@ class DraftModelDrafter(Drafter):
         dpos = self.dpos[:B]
         n_feed = batch.pos + 1 - dpos  # [B] >= 1
         w = int(n_feed.max())
-        idx = (dpos.unsqueeze(1) + torch.arange(w)).clamp(max=batch.history.shape[1] - 1)
+        col = torch.arange(w, device=self.device)
+        idx = (dpos.unsqueeze(1) + col).clamp(max=batch.history.shape[1] - 1)  # [B, w]
         feed = batch.history[:B].gather(1, idx)  # [B, w] (tail beyond n_feed is padding)
         logits = self.model(
             feed, positions=dpos, cache=self.cache, logits_index=(n_feed - 1).unsqueeze(1)

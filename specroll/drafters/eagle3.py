@@ -38,6 +38,7 @@ from specroll.model.transformer import (
     apply_rotary,
     attention,
     attention_layout,
+    rms_norm,
 )
 
 Embed = Callable[[torch.Tensor], torch.Tensor]
@@ -186,7 +187,8 @@ class Eagle3Head(nn.Module):
                 else:
                     p.normal_(0.0, std, generator=g)
             self.d2t.zero_()
-            self.t2d.copy_(torch.arange(self.cfg.vocab_size) < self.cfg.draft_vocab_size)
+            ids = torch.arange(self.cfg.vocab_size, device=self.t2d.device)
+            self.t2d.copy_(ids < self.cfg.draft_vocab_size)
         return self
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
@@ -245,9 +247,9 @@ class Eagle3Head(nn.Module):
         eps = cfg.rms_norm_eps
 
         emb = self.embed(tokens).detach()  # [B, T, H], frozen target embedding
-        h_normed = F.rms_norm(hidden, (hidden.shape[-1],), self.hidden_norm, eps)
+        h_normed = rms_norm(hidden, self.hidden_norm, eps)
         residual = h_normed if cfg.norm_before_residual else hidden  # [B, T, H]
-        e_normed = F.rms_norm(emb, (emb.shape[-1],), self.input_layernorm, eps)
+        e_normed = rms_norm(emb, self.input_layernorm, eps)
         x = torch.cat([e_normed, h_normed], dim=-1)  # [B, T, 2H]: embedding first
         qkv = _mm(x, self.wqkv, pk.get("wqkv"))  # [B, T, q + 2kv]
         q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
@@ -266,7 +268,7 @@ class Eagle3Head(nn.Module):
             keys, values = ck[:, :, :cache_len], cv[:, :, :cache_len]
         o = attention(q, keys, values, mask, c.head_dim**-0.5)  # [B, T, q]
         x = residual + _mm(o, self.wo, pk.get("wo"))  # [B, T, H]
-        h = F.rms_norm(x, (x.shape[-1],), self.post_attention_layernorm, eps)
+        h = rms_norm(x, self.post_attention_layernorm, eps)
         gate, up = _mm(h, self.w_gate_up, pk.get("w_gate_up")).chunk(2, dim=-1)  # [B, T, I] x2
         prenorm = x + _mm(F.silu(gate) * up, self.w_down, pk.get("w_down"))  # [B, T, H]
         if unroll is not None:
@@ -279,7 +281,7 @@ class Eagle3Head(nn.Module):
     def readout(self, prenorm: torch.Tensor) -> torch.Tensor:
         """Prenorm state [..., H] → draft logits [..., Vd] (final norm + LM head)."""
         pk = self._packed_weights() or {}
-        out = F.rms_norm(prenorm, (prenorm.shape[-1],), self.norm, self.cfg.rms_norm_eps)
+        out = rms_norm(prenorm, self.norm, self.cfg.rms_norm_eps)
         return _mm(out, self.lm_head, pk.get("lm_head"))
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

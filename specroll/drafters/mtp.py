@@ -33,13 +33,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specroll.drafters.base import FeatureDrafter
 from specroll.drafters.ttt import Unroll
 from specroll.model.config import ModelConfig
-from specroll.model.transformer import Block, KVCache, Rotary, Transformer, _mm, attention_layout
+from specroll.model.transformer import (
+    Block,
+    KVCache,
+    Rotary,
+    Transformer,
+    _mm,
+    attention_layout,
+    rms_norm,
+)
 
 MATRICES = ("eh_proj", "wqkv", "wo", "w_gate_up", "w_down")  # stored [in, out]; HF [out, in]
 
@@ -107,12 +114,12 @@ class MTPHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """emb, hidden: [B, T, H] → (logits [B, n, V], state [B, T, H]); see MTPDraft."""
         H = emb.shape[-1]
-        e = F.rms_norm(emb, (H,), self.enorm, self.eps)
-        g = F.rms_norm(hidden, (H,), self.hnorm, self.eps)
+        e = rms_norm(emb, self.enorm, self.eps)
+        g = rms_norm(hidden, self.hnorm, self.eps)
         z = torch.cat([e, g], dim=-1) @ self.eh_proj  # [B, T, H] (embedding first)
         y = self.block(z, pos, mask, rope, layer_cache, cache_len)  # [B, T, H]
         w = shared_norm if self.final_norm is None else self.final_norm
-        yn = F.rms_norm(y, (H,), w, self.eps)
+        yn = rms_norm(y, w, self.eps)
         out = (
             yn if logits_index is None else yn.gather(1, logits_index[..., None].expand(-1, -1, H))
         )
@@ -227,7 +234,7 @@ class MTPDraft(nn.Module):
         t = self.target
         if not head.feed_back_normed:
             w = t.norm.detach() if head.final_norm is None else head.final_norm
-            state = F.rms_norm(state, (state.shape[-1],), w, head.eps)
+            state = rms_norm(state, w, head.eps)
         return state @ t.head_weight.detach()
 
     # ------------------------------------------- TrainableDraft (specroll.drafters.trainable)

@@ -27,13 +27,14 @@ class NgramDrafter(Drafter):
         length = batch.pos + 1  # [B] valid history per row (last token included)
         L = int(length.max())
         hist = batch.history[:B, :L]  # [B, L]
-        found = torch.full((B,), -1, dtype=torch.long)  # start of the continuation
-        idx = torch.arange(L)
+        long = dict(dtype=torch.long, device=hist.device)
+        found = torch.full((B,), -1, **long)  # start of the continuation
+        idx = torch.arange(L, **long)
         for n in range(self.n_max, self.n_min - 1, -1):
             if n >= L:
                 continue
             suffix_at = (length - n).clamp(min=0)  # [B]
-            suffix = hist.gather(1, suffix_at.unsqueeze(1) + torch.arange(n))  # [B, n]
+            suffix = hist.gather(1, suffix_at.unsqueeze(1) + idx[:n])  # [B, n]
             windows = hist.unfold(1, n, 1)  # [B, L-n+1, n]
             match = (windows == suffix.unsqueeze(1)).all(dim=-1)  # [B, L-n+1]
             # a match must end before the suffix itself starts... and leave a next token
@@ -44,7 +45,7 @@ class NgramDrafter(Drafter):
             take = (found < 0) & (latest >= 0)
             found = torch.where(take, latest + n, found)
         # continuation tokens, cut where the history ends; rows without a match draft none
-        cont = found.clamp(min=0).unsqueeze(1) + torch.arange(k)  # [B, k]
+        cont = found.clamp(min=0).unsqueeze(1) + torch.arange(k, **long)  # [B, k]
         ok = (found >= 0).unsqueeze(1) & (cont < length.unsqueeze(1))
         tokens = hist.gather(1, cont.clamp(max=L - 1))
         return Proposal(tokens=tokens, probs=None, lengths=ok.sum(dim=1))

@@ -3,7 +3,9 @@
 Both engines run in this process on the same prompts, interleaved, and each point is the
 median of several runs (the machine is shared and noisy). `verify_cost` is the time of
 one engine forward adding q tokens to every row over the time adding one: the number
-speculative decoding lives on.
+speculative decoding lives on. Timings synchronise the model's device around each call
+(`specroll.device.synchronize`), so GPU figures time the kernels, not their launch; every
+report records the device and dtype it ran in.
 
 Run it: `specroll bench engine --json`.
 """
@@ -17,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from specroll.device import synchronize
 from specroll.drafters.base import Drafter
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.prompts import BUILTIN_PROMPTS
@@ -24,30 +27,48 @@ from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import KVCache, Transformer
 
 
-def median_time(repeats: int, fn: Callable[..., object], *args, **kwargs) -> float:
-    """Median wall time of fn(*args, **kwargs) over `repeats` calls."""
+def median_time(
+    repeats: int,
+    fn: Callable[..., object],
+    *args,
+    device: torch.device | None = None,
+    **kwargs,
+) -> float:
+    """Median wall time of fn(*args, **kwargs) over `repeats` calls; with `device`, each
+    call is timed from and to an idle device (GPU work is asynchronous)."""
     times = []
     for _ in range(repeats):
+        if device is not None:
+            synchronize(device)
         t0 = time.perf_counter()
         fn(*args, **kwargs)
+        if device is not None:
+            synchronize(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def _hf_model(model_dir: str):
+def placement(model: torch.nn.Module) -> dict[str, str]:
+    """{"device": ..., "dtype": ...} of a model's weights, for benchmark reports."""
+    p = next(model.parameters())
+    return {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch.")}
+
+
+def _hf_model(model_dir: str, device: torch.device, dtype: torch.dtype):
     # transformers' sdpa path copies the KV cache per layer under a mask unless told to use
     # native GQA; give the baseline its best setting
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
 
 def _hf_generate(hf, tok, prompts: list[list[int]], new_tokens: int) -> int:
     width = max(len(p) for p in prompts)
     pad = tok.hf.pad_token_id if tok.hf.pad_token_id is not None else 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    dev = hf.device
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)  # left pad
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
     with torch.inference_mode():
         out = hf.generate(
             input_ids=ids,
@@ -76,20 +97,27 @@ def verify_cost(
     hits numerator and denominator alike; each ratio is the median of per-round ratios.
     """
     rows = []
-    g = torch.Generator().manual_seed(0)
+    p = next(model.parameters())
+    dev, V = p.device, model.cfg.vocab_size
+    g = torch.Generator(device="cpu").manual_seed(0)  # the same tokens on every device
+
+    def ids(shape: tuple[int, int]) -> torch.Tensor:
+        return torch.randint(0, V, shape, generator=g, device="cpu").to(dev)
+
     for B in batches:
-        cache = KVCache(model.cfg, B, context + max(qs))
-        start = torch.full((B,), context, dtype=torch.long)
-        toks = {q: torch.randint(0, model.cfg.vocab_size, (B, q), generator=g) for q in qs}
+        cache = KVCache(model.cfg, B, context + max(qs), dtype=p.dtype, device=dev)
+        start = torch.full((B,), context, dtype=torch.long, device=dev)
+        toks = {q: ids((B, q)) for q in qs}
         with torch.inference_mode():
-            prompt = torch.randint(0, model.cfg.vocab_size, (B, context), generator=g)
-            model(prompt, positions=torch.zeros(B, dtype=torch.long), cache=cache)
+            prompt = ids((B, context))
+            model(prompt, positions=torch.zeros(B, dtype=torch.long, device=dev), cache=cache)
             for q in qs:  # warm-up
                 model(toks[q], positions=start, cache=cache)
             times: dict[int, list[float]] = {q: [] for q in qs}
             for _ in range(repeats):
                 for q in qs:
-                    times[q].append(median_time(1, model, toks[q], positions=start, cache=cache))
+                    t = median_time(1, model, toks[q], positions=start, cache=cache, device=dev)
+                    times[q].append(t)
         for q in qs:
             ratios = [t / t1 for t, t1 in zip(times[q], times[1], strict=True)]
             rows.append(
@@ -117,7 +145,8 @@ def bench_engine(
     """Throughput of specroll and transformers at each batch size, plus verify_cost."""
     from specroll.model.hub import resolve
 
-    hf_model = _hf_model(str(resolve(model_name))) if hf else None
+    p = next(model.parameters())
+    hf_model = _hf_model(str(resolve(model_name)), p.device, p.dtype) if hf else None
     rows = []
     for B in batches:
         texts = [BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)] for i in range(B)]
@@ -128,9 +157,10 @@ def bench_engine(
         engine.generate(reqs[:1])  # warm-up (allocates the cache)
         ours, theirs = [], []
         for _ in range(repeats):  # interleave so drift in machine load hits both alike
-            ours.append(median_time(1, engine.generate, reqs))
+            ours.append(median_time(1, engine.generate, reqs, device=p.device))
             if hf_model is not None:
-                theirs.append(median_time(1, _hf_generate, hf_model, tok, prompts, new_tokens))
+                args = (hf_model, tok, prompts, new_tokens)
+                theirs.append(median_time(1, _hf_generate, *args, device=p.device))
         row = {"batch": B, "specroll_tok_s": round(B * new_tokens / statistics.median(ours), 2)}
         if theirs:
             row["hf_tok_s"] = round(B * new_tokens / statistics.median(theirs), 2)
@@ -141,6 +171,7 @@ def bench_engine(
     return {
         "bench": "engine",
         "model": model_name,
+        "config": placement(model),
         "new_tokens": new_tokens,
         "repeats": repeats,
         "threads": torch.get_num_threads(),
@@ -181,8 +212,10 @@ def compare_spec(
     stats: dict = {}
 
     def run(key, eng: Engine) -> None:
+        synchronize(eng.device)
         t0 = time.perf_counter()
         out = eng.generate(reqs)
+        synchronize(eng.device)
         tok_s[key].append(sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0))
         stats.setdefault(key, []).append(out.stats)
 
@@ -243,6 +276,7 @@ def bench_spec(
         rows += compare_spec(model, reqs, built, B, ks, repeats, log)
     return {
         "bench": "spec",
+        "config": placement(model),
         "new_tokens": new_tokens,
         "temperature": temperature,
         "repeats": repeats,

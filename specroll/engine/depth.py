@@ -160,12 +160,12 @@ class AdaptiveDepth:
     @property
     def reached(self) -> torch.Tensor:
         """[k_max] decayed count of rows that reached each draft position."""
-        return torch.tensor(self._reached, dtype=torch.float64)
+        return torch.tensor(self._reached, dtype=torch.float64, device="cpu")
 
     @property
     def accepted(self) -> torch.Tensor:
         """[k_max] decayed count of rows whose draft was accepted at each position."""
-        return torch.tensor(self._accepted, dtype=torch.float64)
+        return torch.tensor(self._accepted, dtype=torch.float64, device="cpu")
 
     def _alphas(self) -> list[float]:
         w, p = self.prior_weight, self.prior
@@ -173,7 +173,7 @@ class AdaptiveDepth:
 
     def alphas(self) -> torch.Tensor:
         """[k_max] conditional acceptance estimates."""
-        return torch.tensor(self._alphas(), dtype=torch.float64)
+        return torch.tensor(self._alphas(), dtype=torch.float64, device="cpu")
 
     def _taus(self) -> list[float]:
         taus, run = [1.0], 1.0
@@ -201,7 +201,7 @@ class AdaptiveDepth:
             return
         k = min(k, self.k_max)
         self._decay(below_prior=False)  # the others decayed in choose()
-        drafted = torch.arange(k) < num_draft.unsqueeze(1)  # [B, k]
+        drafted = torch.arange(k, device=num_draft.device) < num_draft.unsqueeze(1)  # [B, k]
         acc = (accepted[:, :k] & drafted).sum(0).tolist()
         # position j is *reached* when 0..j-1 were accepted (drafted or not: an empty
         # position was verified all the same, and rejected)

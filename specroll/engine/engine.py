@@ -17,6 +17,13 @@ off changes nothing but speed.
 Randomness comes from counter-based uniforms keyed by (request seed, token index): a
 request's tokens do not depend on which other requests share its batch.
 
+Devices and dtypes: the engine runs where its model's parameters are (`Engine.device`)
+and every slot tensor, index, mask and random stream is made there; only request seeds
+(drawn on a CPU generator) and results (`.tolist()`) are host-side. The KV cache has the
+weights' dtype (bf16 weights: a bf16 cache); logits are fp32 before any sampling or
+verification (`ModelOutput.logits`), so a bf16 engine samples its own bf16 model's
+distribution exactly.
+
 Run it: `specroll generate --prompt "What is 7 times 8?"`.
 """
 
@@ -76,6 +83,8 @@ class Engine:
         depth: FixedDepth | AdaptiveDepth | None = None,
     ) -> None:
         self.model = model.eval()
+        self.device = next(model.parameters()).device
+        """Where the engine's tensors live: its model's device."""
         self.config = config or EngineConfig()
         self.cache: KVCache | None = None
         self.eos = tuple(model.cfg.eos_token_id)
@@ -146,7 +155,12 @@ class Engine:
         self._ensure_cache(n_slots, need_len)
         stops = [self._stops(r) for r in requests]
         st = Slots(
-            n_slots, max_gen, max(len(s) for s in stops), self.cache.max_len, self.depth.k_max
+            n_slots,
+            max_gen,
+            max(len(s) for s in stops),
+            self.cache.max_len,
+            self.depth.k_max,
+            self.device,
         )
         if self.drafter is not None:
             self.drafter.start(self.cache.num_slots, self.cache.max_len)
@@ -193,6 +207,7 @@ class Engine:
     def _prefill(self, st: Slots, start: int, prompts: list[list[int]]) -> None:
         """Prefill new rows at slots start.. in groups of at most prefill_tokens."""
         hidden_layers = self.drafter.hidden_layers if self.drafter else ()
+        long = dict(dtype=torch.long, device=self.device)
         i = 0
         while i < len(prompts):
             j = i + 1
@@ -203,16 +218,15 @@ class Engine:
                     break
                 width, j = w, j + 1
             group = prompts[i:j]
-            tokens = torch.zeros(len(group), width, dtype=torch.long)
-            for r, p in enumerate(group):
-                tokens[r, : len(p)] = torch.tensor(p)
-            lengths = torch.tensor([len(p) for p in group])
-            rows = torch.arange(start + i, start + j)
+            # one host-to-device copy of the padded prompts
+            tokens = torch.tensor([p + [0] * (width - len(p)) for p in group], **long)
+            lengths = torch.tensor([len(p) for p in group], **long)
+            rows = torch.arange(start + i, start + j, **long)
             st.history[rows, :width] = tokens
             t = time.perf_counter()
             out = self.model(
                 tokens,
-                positions=torch.zeros(len(group), dtype=torch.long),
+                positions=torch.zeros(len(group), **long),
                 cache=self.cache,
                 logits_index=(lengths - 1).unsqueeze(1),
                 hidden_layers=hidden_layers,
@@ -221,8 +235,8 @@ class Engine:
             self.stats.target_s += time.perf_counter() - t
             # the last prompt token plays the role of `last` (scored, entering the cache)
             st.pos[rows] = lengths - 1
-            st.last[rows] = tokens[torch.arange(len(group)), lengths - 1]
-            none = torch.zeros(len(group), dtype=torch.long)
+            st.last[rows] = tokens[torch.arange(len(group), **long), lengths - 1]
+            none = torch.zeros(len(group), **long)
             ctx = self.model.cfg.max_position_embeddings
             self._accept(st, rows, out.logits, none, None, ctx, observe=False)
             if self.drafter is not None:
@@ -238,7 +252,8 @@ class Engine:
         Its wall time (draft, target forward, verification, drafter commit) goes back to
         the depth policy, which calibrates its cost model on it."""
         t_iter = time.perf_counter()
-        rows = torch.arange(B)
+        long = dict(dtype=torch.long, device=self.device)
+        rows = torch.arange(B, **long)
         mean_ctx = float(st.pos[:B].float().mean())
         k = self.depth.choose(B, mean_ctx)
         # every row's k+1 positions must fit the cache and the context window
@@ -246,7 +261,7 @@ class Engine:
         k = max(0, min(k, room))
         num_draft = st.max_draft[:B].clamp(max=k)  # [B] per-request cap, -1 = no cap
         num_draft = torch.where(num_draft < 0, k, num_draft)
-        drafts, probs = torch.zeros(B, k, dtype=torch.long), None
+        drafts, probs = torch.zeros(B, k, **long), None
         if k > 0:
             t = time.perf_counter()
             prop = self.drafter.propose(
@@ -300,11 +315,12 @@ class Engine:
         """
         n, K1, _ = logits.shape
         K = K1 - 1
+        long = dict(dtype=torch.long, device=self.device)
         if proposal is None:
-            proposal = (torch.zeros(n, 0, dtype=torch.long), None)
+            proposal = (torch.zeros(n, 0, **long), None)
         drafts, probs = proposal
         n_gen, seed = st.n_gen[rows], st.seed[rows]
-        idx = n_gen.unsqueeze(1) + torch.arange(K1)  # [n, K+1] output index of each slot
+        idx = n_gen.unsqueeze(1) + torch.arange(K1, **long)  # [n, K+1] output index of each slot
         ver = verify(
             logits,
             drafts,
@@ -317,7 +333,7 @@ class Engine:
         emitted = ver.num_emitted  # [n]
         out = ver.tokens.clamp(min=0)  # [n, K+1]
         # cut each row at its first stop token, its budget and the context window
-        col = torch.arange(K1)
+        col = torch.arange(K1, **long)
         is_stop = (out.unsqueeze(-1) == st.stops[rows].unsqueeze(1)).any(-1) & (
             col < emitted.unsqueeze(1)
         )
@@ -345,7 +361,7 @@ class Engine:
         st.accepted[rows] += ver.num_accepted
         if K > 0:
             st.accepted_pos[rows, :K] += ver.accepted.long()
-            st.drafted_pos[rows, :K] += (torch.arange(K) < num_draft.unsqueeze(1)).long()
+            st.drafted_pos[rows, :K] += (torch.arange(K, **long) < num_draft.unsqueeze(1)).long()
         if observe:  # decode/verify forward (prefill is not a speculation step)
             self.stats.observe(num_draft, ver.accepted, int(count.sum()))
             if K > 0:
@@ -382,9 +398,10 @@ class Engine:
         return self.eos if ids is None else ids
 
     def _check(self, requests: Sequence[Request]) -> list[int]:
-        """Validate prompts against the model and fix every request's seed."""
+        """Validate prompts against the model and fix every request's seed (drawn on the
+        host: seeds are Python ints, the same whatever device the engine runs on)."""
         cfg = self.model.cfg
-        gen = torch.Generator().manual_seed(self.config.seed)
+        gen = torch.Generator(device="cpu").manual_seed(self.config.seed)
         seeds = []
         for i, r in enumerate(requests):
             n = len(r.prompt_ids)
@@ -400,7 +417,7 @@ class Engine:
                 raise ValueError(
                     f"request {i}: prompt_ids must be in [0, {cfg.vocab_size}), got {lo}..{hi}"
                 )
-            drawn = int(torch.randint(0, 2**62, (1,), generator=gen))
+            drawn = int(torch.randint(0, 2**62, (1,), generator=gen, device="cpu"))
             seeds.append(drawn if r.params.seed is None else int(r.params.seed))
         return seeds
 
@@ -412,5 +429,5 @@ class Engine:
             slots, length = max(slots, c.num_slots), max(length, c.max_len)
         length = min(-(-length // 64) * 64, self.model.cfg.max_position_embeddings)
         self.cache = None  # free the old one first
-        p = next(self.model.parameters())
-        self.cache = KVCache(self.model.cfg, slots, length, dtype=p.dtype, device=p.device)
+        dtype = next(self.model.parameters()).dtype
+        self.cache = KVCache(self.model.cfg, slots, length, dtype=dtype, device=self.device)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from specroll.device import synchronize
 from specroll.drafters.base import Drafter
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
@@ -30,16 +31,22 @@ FORMAT = 2
 
 @torch.inference_mode()
 def time_forward(model: Transformer, B: int, q: int, ctx: int, repeats: int = 5) -> float:
-    """Median seconds of one forward adding q tokens to B rows at context ctx."""
-    cache = KVCache(model.cfg, B, ctx + q)
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, model.cfg.vocab_size, (B, q), generator=g)
-    pos = torch.full((B,), ctx, dtype=torch.long)
+    """Median seconds of one forward adding q tokens to B rows at context ctx (on the
+    model's device and in its dtype, timed from and to an idle device)."""
+    p = next(model.parameters())
+    dev = p.device
+    cache = KVCache(model.cfg, B, ctx + q, dtype=p.dtype, device=dev)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    shape = (B, q)
+    tokens = torch.randint(0, model.cfg.vocab_size, shape, generator=g, device="cpu").to(dev)
+    pos = torch.full((B,), ctx, dtype=torch.long, device=dev)
     model(tokens, positions=pos, cache=cache)  # warm-up (and weight packing)
     times = []
     for _ in range(repeats):
+        synchronize(dev)
         t0 = time.perf_counter()
         model(tokens, positions=pos, cache=cache)
+        synchronize(dev)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -106,6 +113,8 @@ def profile(
     cm.meta = {
         "format": FORMAT,
         "threads": torch.get_num_threads(),
+        "device": str(next(model.parameters()).device),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "fit_error": err,
         "target_points": points,
         "engine_points": engine_pts,

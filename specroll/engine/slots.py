@@ -14,23 +14,34 @@ NONE, STOP, LENGTH, CONTEXT = 0, 1, 2, 3
 
 
 class Slots:
-    """Slot-indexed state of the rows being decoded (row b = slot b)."""
+    """Slot-indexed state of the rows being decoded (row b = slot b), on the engine's
+    device (`device`); only `request` (Python ints) and `result` (lists) are host-side."""
 
-    def __init__(self, n: int, max_gen: int, max_stops: int, max_len: int, k_max: int) -> None:
+    def __init__(
+        self,
+        n: int,
+        max_gen: int,
+        max_stops: int,
+        max_len: int,
+        k_max: int,
+        device: torch.device | str,
+    ) -> None:
         self.k_max = k_max
-        long = dict(dtype=torch.long)
+        self.device = torch.device(device)
+        long = dict(dtype=torch.long, device=device)
+        flt = dict(dtype=torch.float32, device=device)
         self.pos = torch.zeros(n, **long)  # tokens already in the cache
         self.last = torch.zeros(n, **long)  # newest token, not yet in the cache
         self.n_gen = torch.zeros(n, **long)
         self.max_new = torch.zeros(n, **long)
         self.seed = torch.zeros(n, **long)
-        self.temperature = torch.zeros(n)
+        self.temperature = torch.zeros(n, **flt)
         self.top_k = torch.zeros(n, **long)
-        self.top_p = torch.ones(n)
+        self.top_p = torch.ones(n, **flt)
         self.max_draft = torch.full((n,), -1, **long)
         self.stops = torch.full((n, max(max_stops, 1)), -1, **long)
         self.tokens = torch.zeros(n, max_gen, **long)  # [S, max_gen]
-        self.logprobs = torch.zeros(n, max_gen)  # [S, max_gen]
+        self.logprobs = torch.zeros(n, max_gen, **flt)  # [S, max_gen]
         self.history = torch.zeros(n, max_len, **long)  # [S, L] prompt + generated ids
         self.finish = torch.zeros(n, **long)  # NONE / STOP / LENGTH / CONTEXT
         self.drafts = torch.zeros(n, **long)  # per-request speculation counters
@@ -67,7 +78,7 @@ class Slots:
         self.max_draft[b] = -1 if p.max_draft is None else p.max_draft
         self.stops[b] = -1
         if stops:
-            self.stops[b, : len(stops)] = torch.tensor(stops)
+            self.stops[b, : len(stops)] = torch.tensor(stops, dtype=torch.long, device=self.device)
 
     def result(
         self, b: int, req: Request, seed: int, reason: str, versions: tuple[int, int | None]

@@ -19,6 +19,12 @@ makes verifying k draft tokens cheap (`specroll bench engine`, field `verify_cos
 rebuilt automatically whenever a weight changes (tracked by tensor version counters).
 GQA is computed by folding the query heads that share a KV head into the query-length
 axis, so keys and values are never copied.
+
+Dtypes: the weights, activations and KV cache are in the weights' dtype (fp32, or bf16
+for a bf16 engine: `weights.for_inference`); RoPE tables stay fp32 and the rotation is
+computed in fp32, norms follow transformers (`rms_norm`), and the logits are upcast to
+fp32, so every sampler and the verifier see fp32. bf16 weights are prepacked too where
+the CPU has native bf16 (AVX-512 BF16 / AMX), faster there than a plain bf16 matmul.
 """
 
 from __future__ import annotations
@@ -38,12 +44,22 @@ MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 
 
 def _can_pack(w: torch.Tensor) -> bool:
-    return (
-        w.device.type == "cpu"
-        and w.dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    """Whether oneDNN prepacking applies to weight `w`: a CPU tensor in fp32, or in bf16
+    where the CPU has native bf16 (there the packed bf16 product beats a plain bf16
+    matmul at 1-4 rows, the verification sizes; `specroll bench engine --dtype bfloat16`)."""
+    if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    if w.dtype == torch.float32:
+        return True
+    return w.dtype == torch.bfloat16 and _bf16_native()
+
+
+def _bf16_native() -> bool:
+    """oneDNN has native bf16 kernels on this CPU (AVX-512 BF16 / AMX)."""
+    is_supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(is_supported is not None and is_supported())
 
 
 def _pack(w: torch.Tensor) -> torch.Tensor:
@@ -86,10 +102,24 @@ def _mm(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis, as transformers computes it in every dtype.
+
+    fp32: `F.rms_norm` (the fused kernel; the fp32 numerics of engine and learner). Lower
+    precision: normalise in fp32, round to x's dtype, then scale by the weight in that
+    dtype (HF's `weight * hidden.to(input_dtype)`), so a bf16 engine matches a bf16 HF model.
+    """
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    y = F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+    return y if weight is None else weight * y
+
+
 @dataclass
 class ModelOutput:
     logits: torch.Tensor | None
-    """[B, n, V] fp32 logits at the requested positions (n = T unless `logits_index` is set)."""
+    """[B, n, V] fp32 logits at the requested positions (n = T unless `logits_index` is set);
+    a bf16 model's logits are its bf16 LM-head product, upcast."""
     hidden: dict[int, torch.Tensor]
     """Residual stream after i layers ([B, T, H]) for each requested i (0 = embeddings,
     num_layers = last layer before the final norm)."""
@@ -142,7 +172,11 @@ class KeyChain:
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for every position up to the context window (fp32, like HF)."""
+    """cos/sin tables for every position up to the context window (fp32, like HF).
+
+    The tables stay fp32 whatever `module.to(dtype=...)` asks (see `_apply`): rounding
+    them to bf16 would move the phase of far positions by whole percent (the rotation
+    itself is computed in fp32 by `apply_rotary` and rounded once)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -153,13 +187,25 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
+    def _apply(self, fn, recurse: bool = True):
+        """Follow device moves but keep the fp32 tables (a dtype cast is not applied)."""
+        cos, sin = self.cos, self.sin
+        super()._apply(fn, recurse)
+        dev = self.cos.device
+        self.cos, self.sin = cos.to(device=dev), sin.to(device=dev)
+        return self
+
     def forward(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """pos: [B, T] absolute positions → (cos, sin), each [B, T, 1, hd]."""
+        """pos: [B, T] absolute positions → (cos, sin), each [B, T, 1, hd] fp32."""
         return self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE: x [B, T, heads, hd] with cos/sin [B, T, 1, hd]."""
+    """Rotate-half RoPE: x [B, T, heads, hd] with cos/sin [B, T, 1, hd].
+
+    A bf16 x is rotated in fp32 and rounded back once (fp32 x: unchanged numerics)."""
+    if x.dtype != cos.dtype:
+        return apply_rotary(x.float(), cos, sin).to(x.dtype)
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
@@ -257,7 +303,7 @@ class Block(nn.Module):
         pk = packed or {}
         B, T, _ = x.shape
         eps = cfg.rms_norm_eps
-        h = F.rms_norm(x, (x.shape[-1],), self.attn_norm, eps)
+        h = rms_norm(x, self.attn_norm, eps)
         qkv = _mm(h, self.wqkv, pk.get("wqkv"))  # [B, T, q + 2kv]
         if self.bqkv is not None:
             qkv = qkv + self.bqkv
@@ -266,8 +312,8 @@ class Block(nn.Module):
         k = k.view(B, T, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(B, T, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
-            q = F.rms_norm(q, (cfg.head_dim,), self.q_norm, eps)
-            k = F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)
+            q = rms_norm(q, self.q_norm, eps)
+            k = rms_norm(k, self.k_norm, eps)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if layer_cache is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, hd]
@@ -281,7 +327,7 @@ class Block(nn.Module):
             keys, values = ck[:, :, :cache_len], cv[:, :, :cache_len]
         o = attention(q, keys, values, mask, cfg.head_dim**-0.5)
         x = x + _mm(o, self.wo, pk.get("wo"))
-        h = F.rms_norm(x, (x.shape[-1],), self.mlp_norm, eps)
+        h = rms_norm(x, self.mlp_norm, eps)
         gate, up = _mm(h, self.w_gate_up, pk.get("w_gate_up")).chunk(2, dim=-1)
         return x + _mm(F.silu(gate) * up, self.w_down, pk.get("w_down"))
 
@@ -326,7 +372,7 @@ class Transformer(nn.Module):
     def final_state(self, h: torch.Tensor) -> torch.Tensor:
         """The residual stream after the last layer [..., H] -> the normed final state
         (the policy's logits are `final_state(h) @ head_weight`; MTP heads read it)."""
-        return F.rms_norm(h, (h.shape[-1],), self.norm, self.cfg.rms_norm_eps)
+        return rms_norm(h, self.norm, self.cfg.rms_norm_eps)
 
     def packed_weights(self) -> list[dict[str, torch.Tensor]] | None:
         """Per-layer prepacked matrices (+ {"head": LM head} last), or None (see
@@ -395,4 +441,5 @@ class Transformer(nn.Module):
             x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         x = self.final_state(x)
         head = packed[-1]["head"] if packed else None
-        return ModelOutput(_mm(x, self.head_weight, head), hidden)
+        # logits in the weights' dtype, upcast: sampling and verification run in fp32
+        return ModelOutput(_mm(x, self.head_weight, head).float(), hidden)

@@ -89,6 +89,23 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def for_inference(
+    module: torch.nn.Module,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
+    """`module` (a policy, a draft model, an EAGLE-3 head or MTP heads) moved in place to
+    `device` and cast to `dtype` for the rollout engine, in eval mode.
+
+    Floating-point parameters take `dtype` (bf16: a bf16 engine with a bf16 KV cache);
+    RoPE tables stay fp32 (`Rotary._apply`), integer buffers (EAGLE-3's vocabulary map)
+    keep theirs, and prepacked CPU weights are rebuilt on the next forward. MTP heads and
+    EAGLE-3 heads read the policy's embedding and LM head by reference: place the policy
+    too. The learner keeps fp32 master weights and never calls this on its own copy.
+    """
+    return module.to(device=device, dtype=dtype).eval()
+
+
 def load_model(
     model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> Transformer:

@@ -74,7 +74,8 @@ class SpecStats:
         self.drafts += int((num_draft > 0).sum())
         self.draft_tokens += int(num_draft.sum())
         acc = accepted.sum(dim=0).tolist()
-        drafted = (torch.arange(K) < num_draft.unsqueeze(1)).sum(dim=0).tolist()
+        col = torch.arange(K, device=num_draft.device)  # [K]
+        drafted = (col < num_draft.unsqueeze(1)).sum(dim=0).tolist()
         self.accepted_tokens += int(sum(acc))
         for i in range(K):
             self.accepted_per_pos[i] += int(acc[i])

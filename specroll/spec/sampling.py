@@ -43,8 +43,15 @@ class RowSampling:
         return self.temperature <= 0
 
     @classmethod
-    def full(cls, n: int, temperature: float, top_k: int = 0, top_p: float = 1.0, device=None):
-        """n rows with the same settings."""
+    def full(
+        cls,
+        n: int,
+        temperature: float,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        device: torch.device | str = "cpu",
+    ) -> RowSampling:
+        """n rows with the same settings, on `device`."""
         return cls(
             torch.full((n,), float(temperature), device=device),
             torch.full((n,), int(top_k), dtype=torch.long, device=device),

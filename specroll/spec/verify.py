@@ -10,7 +10,9 @@ sequence is distributed exactly as plain sampling from p (Leviathan et al. 2023)
 
 Exactness rules (see DESIGN.md):
 * p and q are fp32 distributions after the *same* processors (temperature, top-k,
-  top-p); uniforms are float64; acceptance is the strict `u < p/q`, guarded by `q > 0`;
+  top-p) — target logits of any dtype (a bf16 model's) are upcast to fp32 first, and the
+  drafter's q is fp32 by construction (`sampling.probs_from_logits`); uniforms are
+  float64; acceptance is the strict `u < p/q`, guarded by `q > 0`;
 * one-hot drafts (n-gram, greedy drafting: `draft_probs=None`) use q = δ_x, so acceptance
   is p(x) and the residual is p with x removed;
 * the residual falls back to p when its mass is ~0 (then p ≈ q and rejection has
@@ -59,7 +61,8 @@ def verify(
     """Accept or reject every row's drafts in one batched pass.
 
     target_logits: [B, kmax+1, V] raw target logits at the last committed token and each
-    draft. draft_tokens: [B, kmax] ids (anything beyond num_draft is ignored).
+    draft (any float dtype; upcast to fp32). draft_tokens: [B, kmax] ids (anything beyond
+    num_draft is ignored).
     num_draft: [B] in 0..kmax. draft_probs: [B, kmax, V] processed q the drafts were
     sampled from, or None for one-hot drafts. sampling: the rows' settings (the same
     ones the draft used). u_accept: [B, kmax] float64 uniforms for
@@ -67,6 +70,9 @@ def verify(
     the recovered/bonus token when row b emits it at position j (so a row's j-th emitted
     token always uses the uniform of its own index, whatever the draft length).
     """
+    target_logits = target_logits.float()  # no copy when already fp32
+    if draft_probs is not None:
+        draft_probs = draft_probs.float()  # exact for any lower-precision q
     B, K1, V = target_logits.shape
     K = K1 - 1
     dev = target_logits.device
