@@ -53,6 +53,9 @@ class FixedDepth:
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
         pass
 
+    def observe_counts(self, rows: int, accepted: list[int]) -> None:
+        pass
+
     def observe_time(self, batch_size: int, k: int, ctx: float, seconds: float) -> None:
         pass
 
@@ -196,16 +199,23 @@ class AdaptiveDepth:
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
         """num_draft: [B] tokens drafted per row; accepted: [B, k] per-position accept flags
         (cumulative: position j counts only if 1..j were all accepted)."""
-        k = accepted.shape[1]
+        k = min(accepted.shape[1], self.k_max)
         if k == 0:
             return
-        k = min(k, self.k_max)
-        self._decay(below_prior=False)  # the others decayed in choose()
         drafted = torch.arange(k, device=num_draft.device) < num_draft.unsqueeze(1)  # [B, k]
-        acc = (accepted[:, :k] & drafted).sum(0).tolist()
+        self.observe_counts(accepted.shape[0], (accepted[:, :k] & drafted).sum(0).tolist())
+
+    def observe_counts(self, rows: int, accepted: list[int]) -> None:
+        """`observe` from host values: rows verified, and per position j the rows whose
+        drafts 0..j were all accepted (and drafted)."""
+        k = min(len(accepted), self.k_max)
+        if k == 0:
+            return
+        acc = accepted[:k]
+        self._decay(below_prior=False)  # the others decayed in choose()
         # position j is *reached* when 0..j-1 were accepted (drafted or not: an empty
         # position was verified all the same, and rejected)
-        reached = [accepted.shape[0], *acc[:-1]]
+        reached = [rows, *acc[:-1]]
         for j in range(k):
             self._reached[j] += reached[j]
             self._accepted[j] += acc[j]

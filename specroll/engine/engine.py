@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specroll.drafters.base import DraftBatch, Drafter
@@ -193,7 +194,7 @@ class Engine:
                 results[j].latency_s = time.perf_counter() - t0
                 B -= 1
                 if b != B:  # compact: the last active row takes the freed slot
-                    self.cache.move(B, b, int(st.pos[B]))
+                    self.cache.move(B, b, st.pos_host[B])
                     st.move(B, b)
                     if self.drafter is not None:
                         self.drafter.move(B, b)
@@ -231,17 +232,21 @@ class Engine:
                 logits_index=(lengths - 1).unsqueeze(1),
                 hidden_layers=hidden_layers,
                 slot_start=start + i,
+                max_start=0,
             )
             self.stats.target_s += time.perf_counter() - t
             # the last prompt token plays the role of `last` (scored, entering the cache)
             st.pos[rows] = lengths - 1
+            span = range(start + i, start + j)
+            for b, p in zip(span, group, strict=True):
+                st.pos_host[b] = len(p) - 1
             st.last[rows] = tokens[torch.arange(len(group), **long), lengths - 1]
             none = torch.zeros(len(group), **long)
             ctx = self.model.cfg.max_position_embeddings
-            self._accept(st, rows, out.logits, none, None, ctx, observe=False)
+            _, first = self._accept(st, rows, span, out.logits, none, None, ctx, observe=False)
             if self.drafter is not None:
                 t = time.perf_counter()
-                seqs = [p + [int(st.last[start + i + r])] for r, p in enumerate(group)]
+                seqs = [p + [x] for p, x in zip(group, first, strict=True)]
                 self.drafter.prefill(start + i, seqs, out.hidden)
                 self.stats.draft_s += time.perf_counter() - t
             i = j
@@ -254,10 +259,13 @@ class Engine:
         t_iter = time.perf_counter()
         long = dict(dtype=torch.long, device=self.device)
         rows = torch.arange(B, **long)
-        mean_ctx = float(st.pos[:B].float().mean())
+        pos_host = st.pos_host[:B]
+        # the fp32 mean of the positions (what the cost model was fitted on), from the host
+        # mirror: the sum of < 2^24 is exact in fp32, so this is the same rounded quotient
+        mean_ctx = float(np.float32(sum(pos_host) / B))
         k = self.depth.choose(B, mean_ctx)
         # every row's k+1 positions must fit the cache and the context window
-        room = min(ctx, self.cache.max_len) - 1 - int(st.pos[:B].max())
+        room = min(ctx, self.cache.max_len) - 1 - max(pos_host)
         k = max(0, min(k, room))
         num_draft = st.max_draft[:B].clamp(max=k)  # [B] per-request cap, -1 = no cap
         num_draft = torch.where(num_draft < 0, k, num_draft)
@@ -271,7 +279,7 @@ class Engine:
                     last=st.last[:B],
                     pos=st.pos[:B],
                     history=st.history,
-                    sampling=st.sampling(slice(0, B)),
+                    sampling=st.sampling(slice(0, B), range(B)),
                     seed=st.seed[:B],
                     n_gen=st.n_gen[:B],
                 )
@@ -287,10 +295,11 @@ class Engine:
             positions=st.pos[:B],
             cache=self.cache,
             hidden_layers=self.drafter.hidden_layers if self.drafter else (),
+            max_start=max(pos_host),
         )
         self.stats.target_s += time.perf_counter() - t
         pos_before = st.pos[:B].clone()
-        emitted = self._accept(st, rows, out.logits, num_draft, (drafts, probs), ctx)
+        emitted, _ = self._accept(st, rows, range(B), out.logits, num_draft, (drafts, probs), ctx)
         if self.drafter is not None:
             t = time.perf_counter()
             self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, out.hidden, st.history)
@@ -302,16 +311,23 @@ class Engine:
         self,
         st: Slots,
         rows: torch.Tensor,
+        span: range,
         logits: torch.Tensor,
         num_draft: torch.Tensor,
         proposal: tuple[torch.Tensor, torch.Tensor | None] | None,
         ctx: int,
         observe: bool = True,
-    ) -> int:
+    ) -> tuple[int, list[int]]:
         """Verify, then record each row's emitted tokens up to its first stop condition.
 
-        logits: [n, k+1, V] target logits at `last` and each draft. Every row advances its
-        cache position by the tokens that entered the cache (`last` + accepted drafts).
+        rows: [n] the slots (on the device); span: the same slots on the host. logits:
+        [n, k+1, V] target logits at `last` and each draft. Every row advances its cache
+        position by the tokens that entered the cache (`last` + accepted drafts).
+        Returns (tokens recorded, each row's new `last`).
+
+        The host learns what it needs of the iteration — positions, finish codes, the
+        speculation counters — from one read-back of a packed tensor: on a GPU, the one
+        stall of an iteration here (`engine.syncs`).
         """
         n, K1, _ = logits.shape
         K = K1 - 1
@@ -326,7 +342,7 @@ class Engine:
             drafts,
             num_draft,
             probs,
-            st.sampling(rows),
+            st.sampling(rows, span),
             rng.uniforms(seed, idx[:, :K], rng.ACCEPT),
             rng.uniforms(seed, idx, rng.SAMPLE),
         )
@@ -347,33 +363,53 @@ class Engine:
             torch.where(budget <= count, LENGTH, torch.where(room <= count, CONTEXT, NONE)),
         )
         lp = ver.logprobs  # [n, K+1]
-        keep = col < count.unsqueeze(1)
-        r, c = keep.nonzero(as_tuple=True)
-        st.tokens[rows[r], idx[r, c]] = out[r, c]
-        st.logprobs[rows[r], idx[r, c]] = lp[r, c]
-        st.history[rows[r], st.pos[rows][r] + 1 + c] = out[r, c]
-        st.last[rows] = out.gather(1, (emitted - 1).unsqueeze(1)).squeeze(1)
+        # masked writes of all K+1 candidates (the slots have slack columns for them)
+        keep = col < count.unsqueeze(1)  # [n, K+1]
+        r2 = rows.unsqueeze(1)  # [n, 1]
+        hpos = st.pos[rows].unsqueeze(1) + 1 + col  # [n, K+1] history position of each
+        st.tokens[r2, idx] = torch.where(keep, out, st.tokens[r2, idx])
+        st.logprobs[r2, idx] = torch.where(keep, lp, st.logprobs[r2, idx])
+        st._history[r2, hpos] = torch.where(keep, out, st._history[r2, hpos])
+        last = out.gather(1, (emitted - 1).unsqueeze(1)).squeeze(1)  # [n]
+        st.last[rows] = last
         st.pos[rows] += emitted
         st.n_gen[rows] += count
         st.finish[rows] = finish
         st.drafts[rows] += (num_draft > 0).long()
         st.draft_tokens[rows] += num_draft
         st.accepted[rows] += ver.num_accepted
+        parts = [emitted, count, finish, num_draft, ver.num_accepted, last]
         if K > 0:
+            drafted = torch.arange(K, **long) < num_draft.unsqueeze(1)  # [n, K]
             st.accepted_pos[rows, :K] += ver.accepted.long()
-            st.drafted_pos[rows, :K] += (torch.arange(K, **long) < num_draft.unsqueeze(1)).long()
+            st.drafted_pos[rows, :K] += drafted.long()
+            if observe:  # per-position totals for the statistics and the depth policy
+                parts += [ver.accepted.sum(0), drafted.sum(0), (ver.accepted & drafted).sum(0)]
+        host = torch.cat(parts).tolist()  # the iteration's one read-back
+        h_emit, h_count, h_finish, h_draft, h_acc, h_last = (
+            host[i * n : (i + 1) * n] for i in range(6)
+        )
+        for b, e, f in zip(span, h_emit, h_finish, strict=True):
+            st.pos_host[b] += e
+            st.finish_host[b] = f
+        total = sum(h_count)
         if observe:  # decode/verify forward (prefill is not a speculation step)
-            self.stats.observe(num_draft, ver.accepted, int(count.sum()))
+            per_pos = host[6 * n :]
+            acc_pos, drafted_pos, acc_drafted = per_pos[:K], per_pos[K : 2 * K], per_pos[2 * K :]
+            self.stats.observe_counts(n, K, total, h_draft, acc_pos, drafted_pos)
             if K > 0:
-                self.depth.observe(num_draft, ver.accepted)
-            self._watch(num_draft, ver.num_accepted)  # [B] accepted draft tokens per row
-        return int(count.sum())
+                self.depth.observe_counts(n, acc_drafted)
+            # first draft positions only: deep positions of a healthy draft are rarely
+            # reached, a stale or corrupt one fails at once
+            self._watch(
+                sum(d > 0 for d in h_draft),
+                sum(a > 0 and d > 0 for a, d in zip(h_acc, h_draft, strict=True)),
+            )
+        return total, h_last
 
-    def _watch(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
-        # first draft positions only: deep positions of a healthy draft are rarely reached
-        # (at k = 7 most draft tokens are rejected), a stale or corrupt one fails at once
-        first = int(((accepted > 0) & (num_draft > 0)).sum())
-        if self._collapse.observe(int((num_draft > 0).sum()), first):
+    def _watch(self, drafted: int, first_accepted: int) -> None:
+        """Rows that drafted this iteration, and those whose first draft token was kept."""
+        if self._collapse.observe(drafted, first_accepted):
             warnings.warn(
                 f"acceptance collapse: drafter {self.drafter.name!r} (weight version "
                 f"{self.drafter.version}) had its first token accepted in "
@@ -385,11 +421,8 @@ class Engine:
             self._collapse = CollapseDetector(self._collapse.window, self._collapse.threshold)
 
     def _finished(self, st: Slots, B: int) -> dict[int, str]:
-        """Rows that are done after this step, with their finish reason."""
-        done = st.finish[:B]
-        if not bool((done != NONE).any()):
-            return {}
-        return {b: _REASONS[int(done[b])] for b in (done != NONE).nonzero().flatten().tolist()}
+        """Rows that are done after this step, with their finish reason (host mirror)."""
+        return {b: _REASONS[f] for b, f in enumerate(st.finish_host[:B]) if f != NONE}
 
     # ------------------------------------------------------------------ bookkeeping
 

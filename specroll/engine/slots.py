@@ -7,7 +7,7 @@ import torch
 
 from specroll.engine.request import Request, Result, SamplingParams
 from specroll.spec.metrics import SpecStats
-from specroll.spec.sampling import RowSampling
+from specroll.spec.sampling import Hints, RowSampling
 
 NONE, STOP, LENGTH, CONTEXT = 0, 1, 2, 3
 """Finish codes of a row (`Slots.finish`)."""
@@ -40,9 +40,12 @@ class Slots:
         self.top_p = torch.ones(n, **flt)
         self.max_draft = torch.full((n,), -1, **long)
         self.stops = torch.full((n, max(max_stops, 1)), -1, **long)
-        self.tokens = torch.zeros(n, max_gen, **long)  # [S, max_gen]
-        self.logprobs = torch.zeros(n, max_gen, **flt)  # [S, max_gen]
-        self.history = torch.zeros(n, max_len, **long)  # [S, L] prompt + generated ids
+        # k_max + 1 columns of slack: an iteration writes its K + 1 candidate tokens with
+        # a mask (kept ones only) instead of gathering the kept indices on the host
+        self.tokens = torch.zeros(n, max_gen + k_max + 1, **long)  # [S, max_gen + slack]
+        self.logprobs = torch.zeros(n, max_gen + k_max + 1, **flt)
+        self._history = torch.zeros(n, max_len + k_max + 2, **long)  # [S, L + slack]
+        self.max_len = max_len
         self.finish = torch.zeros(n, **long)  # NONE / STOP / LENGTH / CONTEXT
         self.drafts = torch.zeros(n, **long)  # per-request speculation counters
         self.draft_tokens = torch.zeros(n, **long)
@@ -50,10 +53,25 @@ class Slots:
         self.accepted_pos = torch.zeros(n, max(k_max, 1), **long)  # [S, k_max]
         self.drafted_pos = torch.zeros(n, max(k_max, 1), **long)
         self.request = [-1] * n
+        # host mirrors, kept in step with the tensors from values the host already has
+        # (request parameters) or reads once per iteration (`Engine._accept`)
+        self.pos_host = [0] * n
+        """pos of each slot, on the host."""
+        self.finish_host = [NONE] * n
+        """finish of each slot, on the host."""
+        self.params_host = [(1.0, 0, 1.0)] * n
+        """(temperature, top_k, top_p) of each slot, on the host (`Hints`)."""
 
-    def sampling(self, rows) -> RowSampling:
-        """The sampling settings of `rows` (index tensor or slice), for draft and verifier."""
-        return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows])
+    @property
+    def history(self) -> torch.Tensor:
+        """[S, L] prompt + generated ids per slot (a view without the slack columns)."""
+        return self._history[:, : self.max_len]
+
+    def sampling(self, rows, span: range) -> RowSampling:
+        """The sampling settings of `rows` (index tensor or slice; `span`: the same slots
+        as a host range), for draft and verifier, with their host-side `Hints`."""
+        hints = Hints.of([self.params_host[b] for b in span])
+        return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows], hints)
 
     def tensors(self) -> list[torch.Tensor]:
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
@@ -61,13 +79,16 @@ class Slots:
     def move(self, src: int, dst: int) -> None:
         for t in self.tensors():
             t[dst] = t[src]
-        self.request[dst] = self.request[src]
+        for host in (self.request, self.pos_host, self.finish_host, self.params_host):
+            host[dst] = host[src]
 
     def admit(self, b: int, p: SamplingParams, j: int, seed: int, stops: tuple[int, ...]) -> None:
         """Slot b starts request j (parameters p, its seed and stop ids)."""
         self.request[b] = j
         self.n_gen[b] = 0
         self.finish[b] = NONE
+        self.finish_host[b] = NONE
+        self.params_host[b] = (float(p.temperature), int(p.top_k), float(p.top_p))
         self.drafts[b] = self.draft_tokens[b] = self.accepted[b] = 0
         self.accepted_pos[b] = self.drafted_pos[b] = 0
         self.max_new[b] = p.max_new_tokens

@@ -221,6 +221,7 @@ def attention_layout(
     positions: torch.Tensor | None,
     cache: KVCache | None,
     slot_start: int = 0,
+    max_start: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Positions, folded mask and key length of a forward, shared by every network here.
 
@@ -228,14 +229,18 @@ def attention_layout(
     row b writes its T tokens at positions[b].. of slot slot_start + b, and key j is
     visible to query i iff j <= positions[b] + i. Returns (pos [B, T], mask
     [B, 1, g*T, Lk], Lk), checking the context window and the cache's capacity.
+    `max_start`: max(positions) when the caller knows it on the host (the engine does),
+    so that sizing the key axis reads nothing back from the device.
     """
     B, T = tokens.shape
     dev = tokens.device
     start = torch.zeros(B, dtype=torch.long, device=dev) if positions is None else positions
     pos = start.unsqueeze(1) + torch.arange(T, device=dev)  # [B, T]
-    if int(pos.max()) >= cfg.max_position_embeddings:
+    if max_start is None:
+        max_start = 0 if positions is None else int(start.max())
+    if max_start + T - 1 >= cfg.max_position_embeddings:
         raise ValueError(
-            f"position {int(pos.max())} exceeds the context window "
+            f"position {max_start + T - 1} exceeds the context window "
             f"max_position_embeddings={cfg.max_position_embeddings}"
         )
     if cache is None:
@@ -243,7 +248,7 @@ def attention_layout(
         local = torch.arange(T, device=dev)
         mask = (local.view(1, -1) <= local.view(-1, 1)).expand(B, T, T)  # [B, T, T]
     else:
-        key_len = int(start.max()) + T
+        key_len = max_start + T
         if key_len > cache.max_len or slot_start + B > cache.num_slots:
             raise ValueError(
                 f"batch needs slots up to {slot_start + B} x {key_len} positions; "
@@ -408,6 +413,7 @@ class Transformer(nn.Module):
         hidden_layers: Sequence[int] = (),
         return_logits: bool = True,
         slot_start: int = 0,
+        max_start: int | None = None,
     ) -> ModelOutput:
         """Run the decoder.
 
@@ -416,11 +422,14 @@ class Transformer(nn.Module):
         the positions that need logits (the LM head is the costliest matmul at prefill).
         hidden_layers: which residual-stream states to return (see ModelOutput.hidden).
         slot_start: row b uses cache slot slot_start + b (lets the engine prefill new rows
-        behind the ones already decoding).
+        behind the ones already decoding). max_start: max(positions), when the caller
+        knows it on the host (see `attention_layout`).
         """
         cfg = self.cfg
         B, T = tokens.shape
-        pos, mask, cache_len = attention_layout(cfg, tokens, positions, cache, slot_start)
+        pos, mask, cache_len = attention_layout(
+            cfg, tokens, positions, cache, slot_start, max_start
+        )
         rope = self.rotary(pos)
 
         packed = self.packed_weights()

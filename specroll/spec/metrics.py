@@ -59,27 +59,42 @@ class SpecStats:
 
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor, emitted: int) -> None:
         """num_draft: [B]; accepted: [B, K] cumulative acceptance mask; emitted: tokens out."""
-        self.target_forwards += 1
-        self.row_forwards += num_draft.shape[0]
-        self.emitted_tokens += emitted
         K = accepted.shape[1]
-        while len(self.depth_hist) <= K:
-            self.depth_hist.append(0)
-        self.depth_hist[K] += 1
-        if K == 0 or not bool((num_draft > 0).any()):
-            return
-        while len(self.accepted_per_pos) < K:
-            self.accepted_per_pos.append(0)
-            self.drafted_per_pos.append(0)
-        self.drafts += int((num_draft > 0).sum())
-        self.draft_tokens += int(num_draft.sum())
-        acc = accepted.sum(dim=0).tolist()
         col = torch.arange(K, device=num_draft.device)  # [K]
         drafted = (col < num_draft.unsqueeze(1)).sum(dim=0).tolist()
-        self.accepted_tokens += int(sum(acc))
-        for i in range(K):
-            self.accepted_per_pos[i] += int(acc[i])
-            self.drafted_per_pos[i] += int(drafted[i])
+        self.observe_counts(
+            num_draft.shape[0], K, emitted, num_draft.tolist(), accepted.sum(0).tolist(), drafted
+        )
+
+    def observe_counts(
+        self,
+        rows: int,
+        k: int,
+        emitted: int,
+        num_draft: list[int],
+        accepted_per_pos: list[int],
+        drafted_per_pos: list[int],
+    ) -> None:
+        """`observe` from host values (what the engine reads back once per iteration):
+        rows scored, draft depth k, tokens emitted, each row's draft length, and per
+        position the rows that had it accepted and the rows that drafted it."""
+        self.target_forwards += 1
+        self.row_forwards += rows
+        self.emitted_tokens += emitted
+        while len(self.depth_hist) <= k:
+            self.depth_hist.append(0)
+        self.depth_hist[k] += 1
+        if k == 0 or not any(d > 0 for d in num_draft):
+            return
+        while len(self.accepted_per_pos) < k:
+            self.accepted_per_pos.append(0)
+            self.drafted_per_pos.append(0)
+        self.drafts += sum(d > 0 for d in num_draft)
+        self.draft_tokens += sum(num_draft)
+        self.accepted_tokens += sum(accepted_per_pos)
+        for i in range(k):
+            self.accepted_per_pos[i] += accepted_per_pos[i]
+            self.drafted_per_pos[i] += drafted_per_pos[i]
 
     @property
     def acceptance_length(self) -> float:

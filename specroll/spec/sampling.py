@@ -22,6 +22,33 @@ NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True)
+class Hints:
+    """What a batch's settings switch on, known on the host (the engine has every
+    request's parameters there): the processors skip work no row needs without reading
+    a device tensor back (a GPU stream stall per check; see `engine.syncs`). Only a
+    shortcut: the results are those of the checks they replace."""
+
+    any_greedy: bool
+    """Some row has temperature 0."""
+    any_tempered: bool
+    """Some row has a temperature other than 0 and 1 (logits are divided)."""
+    any_truncated: bool
+    """Some row has top-k or top-p on."""
+    any_top_p: bool
+    """Some row has top-p on."""
+
+    @classmethod
+    def of(cls, rows: list[tuple[float, int, float]]) -> Hints:
+        """Hints of rows given as (temperature, top_k, top_p)."""
+        return cls(
+            any_greedy=any(t <= 0 for t, _, _ in rows),
+            any_tempered=any(t > 0 and t != 1 for t, _, _ in rows),
+            any_truncated=any(k > 0 or p < 1 for _, k, p in rows),
+            any_top_p=any(p < 1 for _, _, p in rows),
+        )
+
+
+@dataclass(frozen=True)
 class RowSampling:
     """The sampling settings of a batch's rows, one entry per row: what the draft and
     the verifier must process alike (`verify`, `DraftBatch`, the engine's slots)."""
@@ -32,10 +59,17 @@ class RowSampling:
     """[B] int (0 = off)."""
     top_p: torch.Tensor
     """[B] float in (0, 1] (1 = off)."""
+    hints: Hints | None = None
+    """The same settings summarised on the host, or None (then read from the tensors)."""
 
     def __getitem__(self, rows) -> RowSampling:
-        """The settings of `rows` (an index tensor, a slice or a mask), in that order."""
+        """The settings of `rows` (an index tensor, a slice or a mask), in that order
+        (without hints: a subset may switch off what the whole batch needed)."""
         return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows])
+
+    def any_greedy(self) -> bool:
+        """Whether some row takes the argmax (from the hints when there are any)."""
+        return self.hints.any_greedy if self.hints else bool(self.greedy.any())
 
     @property
     def greedy(self) -> torch.Tensor:
@@ -56,22 +90,29 @@ class RowSampling:
             torch.full((n,), float(temperature), device=device),
             torch.full((n,), int(top_k), dtype=torch.long, device=device),
             torch.full((n,), float(top_p), device=device),
+            Hints.of([(float(temperature), int(top_k), float(top_p))]),
         )
 
 
-def temper(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def temper(
+    logits: torch.Tensor, temperature: torch.Tensor, hints: Hints | None = None
+) -> torch.Tensor:
     """fp32 logits / T per row (T = 1 for greedy rows); no copy when every T is 1.
 
     logits: [B, V] or [B, n, V]; temperature: [B].
     """
     x = logits.float()
+    if hints is not None and not hints.any_tempered:
+        return x
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
-    if bool((t == 1).all()):
+    if hints is None and bool((t == 1).all()):
         return x
     return x / t.view(-1, *[1] * (x.dim() - 1))
 
 
-def truncate(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def truncate(
+    x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, hints: Hints | None = None
+) -> torch.Tensor:
     """Top-k then top-p per row on tempered logits; excluded tokens get -inf.
 
     x: [B, V] or [B, n, V]; top_k: [B] int (0 = off); top_p: [B] in (0, 1] (1 = off).
@@ -86,15 +127,17 @@ def truncate(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch
     """
     V = x.shape[-1]
     per_row = (-1, *[1] * (x.dim() - 1))  # [B] -> broadcastable over [B, (n,) V]
+    if hints is not None and not hints.any_truncated:
+        return x
     k_on = (top_k > 0) & (top_k < V)  # [B]
     p_on = top_p < 1  # [B]
-    if not bool((k_on | p_on).any()):
+    if hints is None and not bool((k_on | p_on).any()):
         return x
     sorted_x, order = x.sort(dim=-1, descending=True, stable=True)  # [..., V]
     rank = torch.arange(V, device=x.device)  # [V]
     keep = ~k_on.view(per_row) | (rank < top_k.view(per_row))  # [B, (1,) V], sorted order
     keep = keep.expand_as(sorted_x).clone()  # [..., V]
-    if bool(p_on.any()):
+    if hints.any_top_p if hints is not None else bool(p_on.any()):
         probs = sorted_x.masked_fill(~keep, NEG_INF).softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
         keep = keep & (~p_on.view(per_row) | (before < top_p.float().view(per_row)))
@@ -109,7 +152,7 @@ def processed_logits(logits: torch.Tensor, s: RowSampling) -> torch.Tensor:
     logits: [B, V] (or [B, n, V], settings broadcast over n); greedy rows are treated as
     T = 1 here (callers take the argmax). Returns fp32 logits of the same shape.
     """
-    return truncate(temper(logits, s.temperature), s.top_k, s.top_p)
+    return truncate(temper(logits, s.temperature, s.hints), s.top_k, s.top_p, s.hints)
 
 
 def probs_from_logits(logits: torch.Tensor, s: RowSampling) -> torch.Tensor:
@@ -138,19 +181,18 @@ def sample(
     """
     probs = probs_from_logits(logits, s)
     ids = sample_from_probs(probs, u)
-    greedy = s.greedy
-    if bool(greedy.any()):
-        ids = torch.where(greedy, logits.argmax(dim=-1), ids)
-    return ids, token_logprobs(logits, s.temperature, ids)
+    if s.any_greedy():
+        ids = torch.where(s.greedy, logits.argmax(dim=-1), ids)
+    return ids, token_logprobs(logits, s.temperature, ids, s.hints)
 
 
 def token_logprobs(
-    logits: torch.Tensor, temperature: torch.Tensor, ids: torch.Tensor
+    logits: torch.Tensor, temperature: torch.Tensor, ids: torch.Tensor, hints: Hints | None = None
 ) -> torch.Tensor:
     """log_softmax(logits / T)[ids] in fp32 (T = 1 for greedy rows).
 
     logits: [B, V] or [B, n, V]; ids: [B] or [B, n]. Computed as x[id] − logsumexp(x),
     which never materialises the full log-softmax.
     """
-    x = temper(logits, temperature)
+    x = temper(logits, temperature, hints)
     return x.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - x.logsumexp(dim=-1)

@@ -82,10 +82,11 @@ def verify(
     greedy = sampling.greedy
 
     # p only where it is needed: at each draft token, and one full row at the stop point
-    tempered = temper(target_logits, sampling.temperature)  # [B, K+1, V] fp32
-    x_all = truncate(
-        tempered, sampling.top_k, sampling.top_p
-    )  # processed logits (same tensor if no top-k/p)
+    hints = sampling.hints  # host-side: which processors any row needs (no device reads)
+    any_greedy = sampling.any_greedy()
+    tempered = temper(target_logits, sampling.temperature, hints)  # [B, K+1, V] fp32
+    # processed logits (the same tensor when no row has top-k/p)
+    x_all = truncate(tempered, sampling.top_k, sampling.top_p, hints)
     lse = x_all.logsumexp(dim=-1)  # [B, K+1]
     px = (x_all[:, :K].gather(-1, x.unsqueeze(-1)).squeeze(-1) - lse[:, :K]).exp().double()
     if draft_probs is None:
@@ -93,7 +94,7 @@ def verify(
     else:
         qx = draft_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1).double()
     ok = u_accept < acceptance_ratio(px, qx)
-    if bool(greedy.any()):
+    if any_greedy and K > 0:
         argmax = target_logits[:, :K].argmax(dim=-1)  # [B, K]
         ok = torch.where(greedy.unsqueeze(1), x == argmax, ok)
     accepted = (ok & in_draft).long().cumprod(dim=1).bool()  # [B, K]
@@ -102,7 +103,9 @@ def verify(
     # the one distribution each row samples its last token from
     dist = (x_all[rows, n] - lse[rows, n].unsqueeze(1)).exp()  # [B, V] processed target p
     rejected = n < num_draft
-    if bool(rejected.any()):
+    # no draft, no rejection; with drafts the residual is computed for every row and
+    # kept where one was rejected (cheaper than asking the device whether any was)
+    if K > 0:
         j = n.clamp(max=max(K - 1, 0))
         if draft_probs is None:
             q_j = torch.zeros_like(dist).scatter_(1, x[rows, j].unsqueeze(1), 1.0)
@@ -110,7 +113,7 @@ def verify(
             q_j = draft_probs[rows, j]
         dist = torch.where(rejected.unsqueeze(1), residual_distribution(dist, q_j), dist)
     last = sample_from_probs(dist, u_sample[rows, n])  # [B]
-    if bool(greedy.any()):
+    if any_greedy:
         last = torch.where(greedy, target_logits[rows, n].argmax(dim=-1), last)
 
     tokens = torch.full((B, K1), -1, dtype=torch.long, device=dev)
