@@ -90,13 +90,11 @@ def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path, kind):
     batch = Batch.from_results(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
     old = t.host.learner.logprobs(batch) - 0.05  # ratios != 1: a non-trivial policy gradient
     learner, policy, draft = t.host.learner, t.policy, t.draft
-    out = policy(batch.tokens, hidden_layers=learner.hidden_layers)
-    from specroll.rl.learner import token_logprobs
-
-    logp = token_logprobs(out.logits, batch.tokens, 1.0)
+    # the learner's own forward: log-probs, the draft's target and the policy states
+    logp, target, hidden = learner._forward(policy, batch, learner._draft_vocab())
     pl, _ = L.clipped_objective(logp, old, batch.advantages, 0.2, 0.28)
     policy_loss = L.aggregate(pl, batch.response_mask, True)
-    draft_loss, _ = learner._draft_loss(batch, out)
+    draft_loss, _ = learner._draft_loss(batch, hidden, target)
     p_params, d_params = list(policy.parameters()), list(draft.parameters())
     g = torch.autograd.grad(draft_loss, p_params + d_params, allow_unused=True, retain_graph=True)
     assert all(x is None or torch.count_nonzero(x) == 0 for x in g[: len(p_params)])

@@ -4,10 +4,17 @@ The pipeline asks the same five things of either (one loop, two placements): the
 log-probs of a batch (policy and reference), an update, the weights to publish, the
 training state for a checkpoint (and its restore), and an export of the trained models.
 
-`LocalLearnerHost` keeps the policy and draft objects the caller built. `RayLearnerHost`
-moves them into a `LearnerActor` (CPUs / GPUs from `ray.learner_cpus` / `learner_gpus`)
-and publishes weights straight from the actor into the object store: rollout workers
-read them there, the driver never holds a copy.
+`LocalLearnerHost` keeps the policy and draft objects the caller built (moved to
+`learner.device`). `RayLearnerHost` moves them into a `LearnerActor` (CPUs / GPUs from
+`ray.learner_cpus` / `learner_gpus`; `learner.device: auto` there is the GPU Ray gave the
+actor, else its CPU) and publishes weights straight from the actor into the object store:
+rollout workers read them there, the driver never holds a copy.
+
+Devices at the seams: batches and old log-probs arrive on the CPU (the learner moves
+them), log-probs leave on the CPU, `weights()` may be on the learner's device (the
+rollout side copies them into its own tensors), and `state()` is on the CPU, so that a
+checkpoint written by a GPU learner loads on a machine without one (`restore` copies
+every tensor back onto the learner's device).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from specroll.device import resolve_device, resolve_dtype
 from specroll.drafters.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
@@ -25,8 +33,16 @@ from specroll.rl.learner import Batch, Learner
 from specroll.rl.rollout import State, state
 
 
-def build_learner(cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None) -> Learner:
-    """The Learner of a run: policy (+ reference copy when KL is on) + online draft."""
+def build_learner(
+    cfg: TrainConfig,
+    policy: Transformer,
+    draft: TrainableDraft | None,
+    device: torch.device | None = None,
+) -> Learner:
+    """The Learner of a run: policy (+ reference copy when KL is on) + online draft, on
+    `device` (default: `learner.device`, resolved here) in `learner.dtype`."""
+    if device is None:
+        device = resolve_device(cfg.learner.device, "learner.device")
     reference = None
     if cfg.loss.kl_coef > 0:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -39,18 +55,39 @@ def build_learner(cfg: TrainConfig, policy: Transformer, draft: TrainableDraft |
         draft_cfg=cfg.draft,
         reference=reference,
         decoupled=cfg.pipeline.max_lag > 0,
+        device=device,
+        dtype=resolve_dtype(cfg.learner.dtype, "learner.dtype"),
     )
+
+
+def to_cpu(tree):
+    """Every tensor of a nested dict / list / tuple on the CPU (tensors there already are
+    returned as they are, not copied)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.cpu()
+    if isinstance(tree, dict):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(v) for v in tree)
+    return tree
 
 
 class LocalLearnerHost:
     """The learner in this process."""
 
-    def __init__(self, cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        policy: Transformer,
+        draft: TrainableDraft | None,
+        device: torch.device | None = None,
+    ) -> None:
         self.policy, self.draft = policy, draft
-        self.learner = build_learner(cfg, policy, draft)
+        self.learner = build_learner(cfg, policy, draft, device)
 
     def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[N, T] log-probs of the batch under the policy and (if any) the reference."""
+        """[N, T] log-probs (CPU, fp32) of the batch under the policy and (if any) the
+        reference."""
         lr = self.learner
         ref = lr.logprobs(batch, lr.reference) if lr.reference is not None else None
         return lr.logprobs(batch), ref
@@ -59,18 +96,23 @@ class LocalLearnerHost:
         return self.learner.train(batch, old, ref)
 
     def weights(self) -> tuple[State, State | None]:
-        """What `Rollout.publish` takes: the policy's and the draft's tensors by name."""
+        """What `Rollout.publish` takes: the policy's and the draft's tensors by name (on
+        the learner's device: the rollout side copies them into its own)."""
         return state(self.policy), state(self.draft)
 
     def state(self) -> dict:
+        """Weights and optimizer states for a checkpoint, on the CPU (on a CPU learner
+        these are the tensors themselves, not copies)."""
         out = {"policy": self.policy.state_dict(), "policy_opt": self.learner.opt.state_dict()}
         if self.draft is not None:
             out["draft"] = self.draft.state_dict()
         if self.learner.draft_opt is not None:
             out["draft_opt"] = self.learner.draft_opt.state_dict()
-        return out
+        return to_cpu(out)
 
     def restore(self, state: dict) -> None:
+        """Load a `state()` written on any device: weights are copied into the learner's
+        tensors, and each optimizer moves its state onto its parameters' device."""
         with torch.no_grad():
             self.policy.load_state_dict(state["policy"])
             if self.draft is not None:
@@ -100,6 +142,13 @@ class LearnerActor(LocalLearnerHost):
         # reservation, or the node's cores when it reserves none (as a driver would)
         torch.set_num_threads(int(cfg.ray.learner_cpus) or os.cpu_count() or 1)
         torch.manual_seed(cfg.pipeline.seed)
+        device = None
+        if cfg.learner.device == "auto":
+            import ray
+
+            # the GPU Ray assigned (the one CUDA_VISIBLE_DEVICES shows the actor), never
+            # another of the node's; the CPU when it assigned none
+            device = torch.device("cuda" if ray.get_gpu_ids() else "cpu")
         policy = Transformer(model_cfg)
         policy.load_state_dict(policy_sd)
         draft = None
@@ -107,7 +156,7 @@ class LearnerActor(LocalLearnerHost):
             cls, draft_cfg = draft_spec
             draft = cls(draft_cfg, policy)
             draft.load_state_dict(draft_sd)
-        super().__init__(cfg, policy, draft)
+        super().__init__(cfg, policy, draft, device)
 
     def weight_refs(self) -> list:
         """[policy_ref, draft_ref]: the weights put into the object store by this actor."""

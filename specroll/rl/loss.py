@@ -64,17 +64,74 @@ def clipped_objective(
     return loss, (clipped_obj < unclipped_obj).float()
 
 
-def behaviour_weight(
+def importance_weight(
     old_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """Decoupled PPO (Hilton et al. 2021): per-token pi_prox / pi_behaviour, capped.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated per-token importance weight min(pi_old / pi_behaviour, cap), and where the
+    cap bit. old_logp, behaviour_logp: [N, T] -> ([N, T] weight, [N, T] bool capped).
 
-    In asynchronous RL a sample was drawn by the policy of an older step (the behaviour
-    policy, whose log-probs the engine recorded); the clipped ratio is taken against the
-    recomputed current ("proximal") policy, so the surrogate is reweighted by how much
-    more likely the proximal policy makes the token. No gradient flows through it.
+    pi_old is the learner's (recomputed, no-grad) policy, pi_behaviour the distribution the
+    engine sampled from (its recorded log-probs). Two corrections reweight by this ratio:
+
+    * decoupled PPO (Hilton et al. 2021), asynchronous RL: a sample was drawn by the policy
+      of an older step, the clipped ratio is taken against the recomputed current
+      ("proximal") policy, and the surrogate is reweighted by pi_prox / pi_behaviour;
+    * truncated importance sampling (TIS), the rollout-learner mismatch: a bf16 or GPU
+      engine samples from a slightly different distribution than the learner scores, and
+      the weight corrects the policy gradient for it.
+
+    Truncation bounds the variance a near-zero pi_behaviour would add. No gradient flows
+    through the weight: it rescales each token's gradient, it is not optimised.
     """
-    return torch.exp(old_logp - behaviour_logp).clamp(max=cap).detach()
+    ratio = torch.exp(old_logp - behaviour_logp).detach()
+    return ratio.clamp(max=cap), ratio > cap
+
+
+def weight_cap(cfg: LossConfig, decoupled: bool) -> float | None:
+    """The cap of the importance weight this run applies, or None when no correction is on.
+
+    Decoupled PPO (`decoupled`: async, cap `behaviour_weight_cap`) and TIS (`tis_cap` > 0)
+    weigh by the same ratio pi_old / pi_behaviour: in async RL the behaviour policy is the
+    engine's distribution of an older step, so the one ratio carries both the staleness and
+    the engine-learner mismatch. When both are on, the weight is applied once (applying it
+    twice would square it), truncated at the smaller cap: each cap is a bound the run asked
+    for, and the smaller one honours both."""
+    caps = ([cfg.behaviour_weight_cap] if decoupled else []) + (
+        [cfg.tis_cap] if cfg.tis_cap > 0 else []
+    )
+    return min(caps) if caps else None
+
+
+def token_objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    behaviour_logp: torch.Tensor | None = None,
+    cap: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The per-token loss to minimise ([N, T]) and its per-token statistics (detached).
+
+    logp: the policy's log-probs (with gradient); old_logp: the learner's no-grad ones;
+    behaviour_logp: the engine's (needed when `cap` is set: see `importance_weight`);
+    ref_logp: the reference policy's (KL penalty when `cfg.kl_coef` > 0). The importance
+    weight multiplies the clipped surrogate only, not the KL penalty. Statistics: `clipped`
+    (float), and `capped` (bool) with a weight, `kl` with a penalty.
+    """
+    per_tok, clipped = clipped_objective(logp, old_logp, advantages, cfg.clip_low, cfg.clip_high)
+    terms = {"clipped": clipped.detach()}
+    if cap is not None:
+        if behaviour_logp is None:
+            raise ValueError("an importance-weight cap needs the engine's behaviour_logp")
+        weight, terms["capped"] = importance_weight(old_logp, behaviour_logp, cap)
+        per_tok = per_tok * weight
+    if cfg.kl_coef > 0 and ref_logp is not None:
+        kl = kl_k3(logp, ref_logp)
+        per_tok = per_tok + cfg.kl_coef * kl
+        terms["kl"] = kl.detach()
+    return per_tok, terms
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
