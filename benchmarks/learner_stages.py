@@ -78,7 +78,7 @@ def make_batch(tok, prompts: int, group: int, lo: int, hi: int, vocab: int, seed
     return batch
 
 
-def plain_forward(self: Learner, model, b: Batch, vocab=None):
+def plain_forward(self: Learner, model, b: Batch, vocab=None, where=None):
     """The learner's forward before issue 15: the model's [B, W, V] logits, `token_logprobs`,
     and the draft target from the same full logits (the `plain` head path)."""
     last = model.cfg.num_layers

@@ -19,10 +19,11 @@ gradients of both made the head and its element-wise passes ~40% of a CPU train 
 Neither objective needs the head outside the response: the loss reads log-probs of
 response tokens, the draft loss the distributions at the positions that predict them
 (the same positions: `drafters.ttt.loss_mask`). So the learner runs the decoder without
-its head and computes head + log-softmax + gather at those positions only, in chunks of
-rows (`head_logprobs`); the backward is written out (`_HeadLogProbs`) so that each chunk's
-probabilities are its only saved state and become the logits' gradient in place. The
-numerics are the plain path's (`token_logprobs`) row by row (tested).
+its head and computes head + log-softmax + gather at those positions only, the
+log-softmax in cache-sized chunks of rows (`head_logprobs`); the backward is written out
+(`_HeadLogProbs`) so that the probabilities are its only saved state and become the
+logits' gradient in place. The log-probs are the plain path's (`token_logprobs`) row by
+row (bit for bit on the CPU; tested to 1e-5), the gradients equal to float rounding.
 
 Placement: `learner.device` / `learner.dtype`. Batches arrive on the CPU and move to the
 learner's device here; `logprobs` returns CPU fp32; `train` returns floats, read once
@@ -237,7 +238,8 @@ def head_logprobs(
     dtype: torch.dtype = torch.float32,
     chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Tempered log-probs of `targets` from final states, computed chunk by chunk.
+    """Tempered log-probs of `targets` from final states: the head as one product, the
+    log-softmax in cache-sized chunks of rows.
 
     x: [n, H] normed final states at the n positions that predict `targets` [n]; w: [H, V]
     the LM head. Returns (log p(target) [n] fp32, differentiable in x and w; and with
@@ -255,6 +257,24 @@ def head_logprobs(
         return picked, draft
 
 
+def predicting_positions(
+    b: Batch, device: torch.device, prompt_lens: list[int] | None = None, lengths=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, cols) [n] of the positions whose next token is a response token, row-major.
+
+    Position i predicts token i + 1, so row r contributes prompt_len - 1 .. length - 2:
+    the positions `drafters.ttt.loss_mask` marks, in the order `tensor[mask]` reads them
+    (the online draft's target rows). Built on the host from the lengths (pass them when
+    they are known there) and copied over: indexing with them needs no device sync."""
+    prompt_lens = b.prompt_lens.tolist() if prompt_lens is None else prompt_lens
+    lengths = b.lengths.tolist() if lengths is None else lengths
+    spans = list(zip(prompt_lens, lengths, strict=True))
+    rows = [torch.full((n - p,), r, dtype=torch.long) for r, (p, n) in enumerate(spans)]
+    cols = [torch.arange(p - 1, n - 1) for p, n in spans]
+    rc = torch.stack([torch.cat(rows), torch.cat(cols)]).to(device, non_blocking=True)
+    return rc[0], rc[1]
+
+
 @dataclass
 class _Micro:
     """One micro-batch as the learner runs it (rows of the batch it was cut from)."""
@@ -263,10 +283,21 @@ class _Micro:
     """Rows of the batch (ascending length)."""
     width: int
     """Their widest length."""
+    prompt_lens: list[int]
+    """Their prompt lengths."""
+    lengths: list[int]
+    """Their lengths."""
+
+    def where(self, b: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`predicting_positions` of the micro-batch `b` (cut with these rows)."""
+        return predicting_positions(b, device, self.prompt_lens, self.lengths)
 
 
 class Learner:
-    """Policy (+ optional online draft) optimisation on `device` in `dtype`."""
+    """Policy (+ optional online draft) optimisation on `device` in `dtype`.
+
+    On the CPU, constructing one also makes glibc keep freed memory for reuse in this
+    process (`keep_freed_memory`)."""
 
     def __init__(
         self,
@@ -331,34 +362,37 @@ class Learner:
         )
 
     def _forward(
-        self, model: Transformer, b: Batch, vocab: torch.Tensor | None = None
+        self,
+        model: Transformer,
+        b: Batch,
+        vocab: torch.Tensor | None = None,
+        where: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[int, torch.Tensor]]:
         """One micro-batch's decoder forward and the head at the response positions.
 
-        Returns (logp [B, W] fp32, 0 outside the response; the draft target [n, V'] at
-        the positions `drafters.ttt.loss_mask` selects, when `vocab` is given; the hidden
-        states `self.hidden_layers`)."""
+        where: (rows, cols) [n] of the positions that predict a response token (see
+        `predicting_positions`; computed from `b` when not given). Returns (logp [B, W]
+        fp32, 0 outside the response; the draft target [n, V'] at those positions, which
+        are the ones `drafters.ttt.loss_mask` selects, in its order, when `vocab` is
+        given; the hidden states `self.hidden_layers`)."""
         last = model.cfg.num_layers
         layers = self.hidden_layers if model is self.policy else (last,)
         with self._autocast():
             out = model(b.tokens, hidden_layers=layers, return_logits=False)
-        B, W = b.tokens.shape
-        # position i predicts token i + 1: the positions whose next token is a response
-        # token, row-major (= loss_mask's order: the online draft's target rows)
-        sel = b.response_mask[:, 1:]  # [B, W-1]
+        rows, cols = where if where is not None else predicting_positions(b, self.device)
         # the norm over every position, then the rows: an RMSNorm reduction's order
         # depends on the tensor's shape, and these are the plain path's numerics
-        final = model.final_state(out.hidden[last])[:, :-1][sel]  # [n, H]
+        final = model.final_state(out.hidden[last])[rows, cols]  # [n, H]
         picked, target = head_logprobs(
             final,
             model.head_weight,
-            b.tokens[:, 1:][sel],
+            b.tokens[rows, cols + 1],
             self.temperature,
             vocab=vocab,
             dtype=self.dtype,
         )
-        logp = torch.zeros(B, W - 1, device=picked.device).masked_scatter(sel, picked)
-        return F.pad(logp, (1, 0)), target, out.hidden
+        logp = torch.zeros(b.tokens.shape, device=picked.device)
+        return logp.index_put((rows, cols + 1), picked), target, out.hidden
 
     # ------------------------------------------------------------------ stage: logprob
 
@@ -371,18 +405,22 @@ class Learner:
         batch = batch.to(self.device)
         out = torch.zeros(batch.tokens.shape, device=self.device)
         for m in plan:
-            logp, _, _ = self._forward(model, batch.rows(m.idx, m.width))
+            b = batch.rows(m.idx, m.width)
+            logp, _, _ = self._forward(model, b, where=m.where(b, self.device))
             out[torch.tensor(m.idx, device=self.device), : m.width] = logp
         return out.cpu()
 
     def _micro(self, batch: Batch) -> list[_Micro]:
         """Micro-batches of `policy.micro_batch` rows in ascending length (little padding),
         planned from the lengths on the host (one read for the whole batch)."""
-        lengths = batch.lengths.tolist()
+        lengths, prompts = batch.lengths.tolist(), batch.prompt_lens.tolist()
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
         m = self.pcfg.micro_batch
         chunks = [order[i : i + m] for i in range(0, len(order), m)]
-        return [_Micro(c, max(lengths[i] for i in c)) for c in chunks]
+        return [
+            _Micro(c, max(lengths[i] for i in c), [prompts[i] for i in c], [lengths[i] for i in c])
+            for c in chunks
+        ]
 
     # ------------------------------------------------------------------ stage: train
 
@@ -449,7 +487,7 @@ class Learner:
             rows = torch.tensor(m.idx, device=self.device)
             W = m.width
             mask = b.response_mask
-            logp, target, hidden = self._forward(self.policy, b, vocab)
+            logp, target, hidden = self._forward(self.policy, b, vocab, m.where(b, self.device))
             per_tok, terms = L.token_objective(
                 logp,
                 old_logp[rows, :W] if old_logp is not None else logp.detach(),

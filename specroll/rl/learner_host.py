@@ -159,10 +159,11 @@ class LearnerActor(LocalLearnerHost):
         super().__init__(cfg, policy, draft, device)
 
     def weight_refs(self) -> list:
-        """[policy_ref, draft_ref]: the weights put into the object store by this actor."""
+        """[policy_ref, draft_ref]: the weights put into the object store by this actor,
+        as CPU tensors (a worker without this actor's GPU must be able to read them)."""
         import ray
 
-        return [ray.put(state(self.policy)), ray.put(state(self.draft))]
+        return [ray.put(to_cpu(state(self.policy))), ray.put(to_cpu(state(self.draft)))]
 
 
 class RayLearnerHost:
