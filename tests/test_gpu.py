@@ -97,7 +97,17 @@ def test_bench_engine_on_gpu_against_transformers():
     """`specroll bench engine --device cuda` on the tiny model: the JSON line names the
     device and both engines' throughput (the SmolLM2 figures are in the README)."""
     out = subprocess.run(
-        [sys.executable, "-m", "specroll", "bench", "engine", "--model", "tiny", "--device", "cuda"]
+        [
+            sys.executable,
+            "-m",
+            "specroll.cli",
+            "bench",
+            "engine",
+            "--model",
+            "tiny",
+            "--device",
+            "cuda",
+        ]
         + ["--json"],
         capture_output=True,
         text=True,
