@@ -47,9 +47,11 @@ import torch.nn.functional as F
 from specroll.cli.common import load_policy
 from specroll.drafters.ttt import loss_mask
 from specroll.model.transformer import attention, fold_mask
+from specroll.rl.batch import Batch
 from specroll.rl.config import build_config
 from specroll.rl.draft import build_draft
-from specroll.rl.learner import Batch, Learner, head_logprobs, token_logprobs
+from specroll.rl.learner import Learner
+from specroll.rl.logprobs import head_logprobs, token_logprobs
 from specroll.tasks.sets import encode, math_problems
 
 

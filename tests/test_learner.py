@@ -13,8 +13,10 @@ import torch
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 from specroll.rl import loss as L
+from specroll.rl.batch import Batch
 from specroll.rl.config import build_config
-from specroll.rl.learner import Batch, Learner, head_logprobs, token_logprobs
+from specroll.rl.learner import Learner
+from specroll.rl.logprobs import head_logprobs, token_logprobs
 
 CUDA = torch.cuda.is_available()
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from specroll.rl import loss as L
+from specroll.rl.batch import Batch
 from specroll.rl.config import build_config
-from specroll.rl.learner import Batch
 
 
 def test_group_advantages_by_hand():

@@ -28,8 +28,9 @@ import torch
 from specroll.device import resolve_device, resolve_dtype
 from specroll.drafters.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
+from specroll.rl.batch import Batch
 from specroll.rl.config import TrainConfig
-from specroll.rl.learner import Batch, Learner
+from specroll.rl.learner import Learner
 from specroll.rl.rollout import State, state
 
 

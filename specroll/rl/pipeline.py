@@ -32,8 +32,8 @@ from specroll.model.transformer import Transformer
 from specroll.rl import checkpoint, rundir, tensorboard
 from specroll.rl import loss as L
 from specroll.rl.backends import build_rollout
+from specroll.rl.batch import Batch
 from specroll.rl.config import TrainConfig
-from specroll.rl.learner import Batch
 from specroll.rl.learner_host import build_host
 from specroll.rl.mismatch import logprob_tolerance, mismatch_stats
 from specroll.rl.rollout import Pending

@@ -1,0 +1,92 @@
+"""A step's rollouts as the learner reads them: padded tokens, lengths, advantages and the
+engine's log-probs, and the positions that predict response tokens.
+
+Token convention: tokens [N, T] are prompt + response padded; logp[:, i] is the policy's
+tempered log-prob of tokens[:, i] given tokens[:, :i] (from the logits at i - 1); the
+response mask marks i in [prompt_len, length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class Batch:
+    """Rollouts of one step, padded."""
+
+    tokens: torch.Tensor
+    """[N, T] prompt + response ids."""
+    prompt_lens: torch.Tensor
+    """[N]."""
+    lengths: torch.Tensor
+    """[N] prompt + response lengths."""
+    advantages: torch.Tensor
+    """[N] one advantage per sequence."""
+    behaviour_logp: torch.Tensor
+    """[N, T] the engine's log-probs of the response tokens (0 elsewhere)."""
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        i = torch.arange(self.tokens.shape[1], device=self.tokens.device).view(1, -1)
+        return (i >= self.prompt_lens.view(-1, 1)) & (i < self.lengths.view(-1, 1))
+
+    @classmethod
+    def from_results(cls, results: list, advantages: torch.Tensor) -> Batch:
+        """Rollout results (prompt, tokens, engine log-probs) padded into one batch."""
+        n = len(results)
+        lens = [len(r.prompt_ids) + len(r.token_ids) for r in results]
+        W = max(lens)
+        tokens = torch.zeros(n, W, dtype=torch.long)
+        beh = torch.zeros(n, W)
+        for i, r in enumerate(results):
+            P = len(r.prompt_ids)
+            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids + r.token_ids)
+            beh[i, P : lens[i]] = torch.tensor(r.logprobs)
+        return cls(
+            tokens,
+            torch.tensor([len(r.prompt_ids) for r in results]),
+            torch.tensor(lens),
+            advantages.float(),
+            beh,
+        )
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The batch on `device` (itself when it is there already)."""
+        if self.tokens.device == torch.device(device):
+            return self
+        return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+    def rows(self, idx: list[int], width: int | None = None) -> Batch:
+        """Rows `idx`, cut to their widest length (`width`, when the caller knows it,
+        saves reading the lengths back from the device)."""
+        if width is None:
+            width = int(self.lengths[idx].max())
+        sel = torch.tensor(idx, device=self.tokens.device)
+        return Batch(
+            self.tokens[sel, :width],
+            self.prompt_lens[sel],
+            self.lengths[sel],
+            self.advantages[sel],
+            self.behaviour_logp[sel, :width],
+        )
+
+
+def predicting_positions(
+    b: Batch, device: torch.device, prompt_lens: list[int] | None = None, lengths=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, cols) [n] of the positions whose next token is a response token, row-major.
+
+    Position i predicts token i + 1, so row r contributes prompt_len - 1 .. length - 2:
+    the positions `drafters.ttt.loss_mask` marks, in the order `tensor[mask]` reads them
+    (the online draft's target rows). Built on the host from the lengths (pass them when
+    they are known there) and copied over: indexing with them needs no device sync."""
+    prompt_lens = b.prompt_lens.tolist() if prompt_lens is None else prompt_lens
+    lengths = b.lengths.tolist() if lengths is None else lengths
+    spans = list(zip(prompt_lens, lengths, strict=True))
+    rows = [torch.full((n - p,), r, dtype=torch.long) for r, (p, n) in enumerate(spans)]
+    cols = [torch.arange(p - 1, n - 1) for p, n in spans]
+    rc = torch.stack([torch.cat(rows), torch.cat(cols)]).to(device, non_blocking=True)
+    return rc[0], rc[1]
