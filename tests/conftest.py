@@ -97,3 +97,15 @@ def assert_greedy_matches_hf(ours, hf, prompts: list[list[int]], n: int = 64) ->
     for p, r in zip(prompts, results, strict=True):
         out = hf.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
         assert r.token_ids == out[0, len(p) :].tolist()
+
+
+@pytest.fixture()
+def tiny_setup(tmp_path, monkeypatch):
+    """(policy, tokenizer) of the tiny preset, built into a fresh SPECROLL_HOME."""
+    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path / "home"))
+    from specroll.model import load_model
+    from specroll.model.hub import resolve
+    from specroll.model.tokenizer import Tokenizer
+
+    d = resolve("tiny")
+    return load_model(d), Tokenizer(d)

@@ -15,7 +15,7 @@ harness: `from tests.test_devices import meta_default, tensors_need_a_device`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -29,6 +29,9 @@ from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.model.weights import for_inference
 from specroll.sim.costmodel import CostModel
+from tests.test_learner import learner, tiny_batch, tiny_policy
+from tests.test_ray import TIMING
+from tests.test_rl import _trainer
 from tests.test_spec_engine import PROMPT, _model, _related
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -170,3 +173,48 @@ def test_a_tensor_made_without_a_device_fails_the_harness(monkeypatch):
 
 def test_meta_default_fixture_applies_to_the_body(meta_default):
     assert torch.empty(2).device.type == "meta"
+
+
+# ---------------------------------------------------------------------- the learner and a step
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_a_learner_step_makes_no_tensor_off_its_device(dtype):
+    """Log-prob recomputation and an update of policy and online EAGLE-3 draft (optimizer
+    state made on the first step) under the harness, equal to the same step without it."""
+
+    def step(harness: bool) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        policy = tiny_policy()
+        head = Eagle3Head(Eagle3Config.for_target(policy.cfg, 12)).init_weights(3, 0.3)
+        lr = learner(policy, draft=head.set_embedding(policy), dtype=DTYPES[dtype])
+        b = tiny_batch()
+        with tensors_need_a_device() if harness else nullcontext():
+            old = lr.logprobs(b)
+            stats = lr.train(b, old)
+            stats |= lr.train(b, old)  # a second update reads the optimizer state
+        return old, stats, next(policy.parameters()).detach().clone()
+
+    old, stats, w = step(True)
+    want_old, want_stats, want_w = step(False)
+    assert old.device.type == "cpu" and torch.equal(old, want_old)
+    assert stats == want_stats and torch.equal(w, want_w)
+
+
+def test_a_training_step_makes_no_tensor_off_its_device(tiny_setup, tmp_path):
+    """Two steps of the tiny preset (rollouts with the online draft, rewards, advantages,
+    the first step's log-prob agreement check, the update, the weight sync) under the
+    harness; metrics as without it."""
+    from specroll.model import load_model
+    from specroll.model.hub import resolve
+
+    runs = []
+    for harness, out in ((True, tmp_path / "a"), (False, tmp_path / "b")):
+        policy = load_model(resolve("tiny"))  # a fresh copy: training moves the weights
+        t = _trainer((policy, tiny_setup[1]), out, "data.val_size=0", "learner.check_every=2")
+        with tensors_need_a_device() if harness else nullcontext():
+            runs.append([t.run_step() for _ in range(2)])
+    for a, b in zip(*runs, strict=True):
+        assert {k: v for k, v in a.items() if k not in TIMING} == {
+            k: v for k, v in b.items() if k not in TIMING
+        }
+    assert runs[0][0]["logprob_check"] is True

@@ -61,17 +61,6 @@ def test_overlong_penalty_and_kl_by_hand():
 # ---------------------------------------------------------------------- learner
 
 
-@pytest.fixture()
-def tiny_setup(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path / "home"))
-    from specroll.model import load_model
-    from specroll.model.hub import resolve
-    from specroll.model.tokenizer import Tokenizer
-
-    d = resolve("tiny")
-    return load_model(d), Tokenizer(d)
-
-
 def _trainer(tiny_setup, tmp_path, *overrides):
     from specroll.rl.draft import build_draft
     from specroll.rl.pipeline import Trainer

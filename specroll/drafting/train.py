@@ -182,8 +182,8 @@ def draft_loss(
     """
     T = tokens.shape[1]
     mask = loss_mask(lengths, prompt_lens, T)  # [B, T]
-    index = torch.full(mask.shape, -1, dtype=torch.long)
-    index[mask] = torch.arange(int(mask.sum()))
+    index = torch.full(mask.shape, -1, dtype=torch.long, device=tokens.device)
+    index[mask] = torch.arange(int(mask.sum()), device=tokens.device)
     with torch.no_grad():
         target = target_logp(mask)
     feats = net.features(aux, final)

@@ -39,16 +39,16 @@ class Batch:
         n = len(results)
         lens = [len(r.prompt_ids) + len(r.token_ids) for r in results]
         W = max(lens)
-        tokens = torch.zeros(n, W, dtype=torch.long)
-        beh = torch.zeros(n, W)
+        tokens = torch.zeros(n, W, dtype=torch.long, device="cpu")
+        beh = torch.zeros(n, W, device="cpu")
         for i, r in enumerate(results):
             P = len(r.prompt_ids)
-            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids + r.token_ids)
-            beh[i, P : lens[i]] = torch.tensor(r.logprobs)
+            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids + r.token_ids, device="cpu")
+            beh[i, P : lens[i]] = torch.tensor(r.logprobs, device="cpu")
         return cls(
             tokens,
-            torch.tensor([len(r.prompt_ids) for r in results]),
-            torch.tensor(lens),
+            torch.tensor([len(r.prompt_ids) for r in results], device="cpu"),
+            torch.tensor(lens, device="cpu"),
             advantages.float(),
             beh,
         )
@@ -86,7 +86,9 @@ def predicting_positions(
     prompt_lens = b.prompt_lens.tolist() if prompt_lens is None else prompt_lens
     lengths = b.lengths.tolist() if lengths is None else lengths
     spans = list(zip(prompt_lens, lengths, strict=True))
-    rows = [torch.full((n - p,), r, dtype=torch.long) for r, (p, n) in enumerate(spans)]
-    cols = [torch.arange(p - 1, n - 1) for p, n in spans]
+    rows = [
+        torch.full((n - p,), r, dtype=torch.long, device="cpu") for r, (p, n) in enumerate(spans)
+    ]
+    cols = [torch.arange(p - 1, n - 1, device="cpu") for p, n in spans]
     rc = torch.stack([torch.cat(rows), torch.cat(cols)]).to(device, non_blocking=True)
     return rc[0], rc[1]

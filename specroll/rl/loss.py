@@ -176,4 +176,4 @@ def step_advantages(
     adv = group_advantages(shaped, scale=cfg.scale_advantages)
     if cfg.drop_uniform_groups:
         return adv, informative_groups(shaped)
-    return adv, torch.ones(rewards.shape[0], dtype=torch.bool)
+    return adv, torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)

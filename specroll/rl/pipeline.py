@@ -201,7 +201,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         rewards = self.work.rewards(problems, results, G)  # [P, G]
-        lengths_resp = torch.tensor([len(r.token_ids) for r in results])
+        lengths_resp = torch.tensor([len(r.token_ids) for r in results], device="cpu")
         adv, keep = L.step_advantages(rewards, lengths_resp, cfg.rollout.max_new_tokens, cfg.loss)
         t["reward"] = time.perf_counter() - t0
 
@@ -210,7 +210,7 @@ class Trainer:
         t["logprob"] = t["train"] = 0.0
         if rows:
             batch = Batch.from_results([results[i] for i in rows], adv.view(-1)[rows])
-            fresh = torch.tensor([results[i].policy_version == s for i in rows])
+            fresh = torch.tensor([results[i].policy_version == s for i in rows], device="cpu")
             t0 = time.perf_counter()
             old, ref, stats = self._old_logprobs(batch, fresh, s)
             metrics.update(stats)

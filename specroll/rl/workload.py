@@ -103,4 +103,4 @@ class Workload:
             p = problems[i // samples]
             text = p.response_prefix + self.tok.decode(res.token_ids)
             out.append(math_reward(text, p.answer))
-        return torch.tensor(out).view(len(problems), samples)
+        return torch.tensor(out, device="cpu").view(len(problems), samples)
