@@ -51,6 +51,7 @@ from specroll.rl.batch import Batch
 from specroll.rl.config import build_config
 from specroll.rl.draft import build_draft
 from specroll.rl.learner import Learner
+from specroll.rl.learner_host import build_learner
 from specroll.rl.logprobs import head_logprobs, token_logprobs
 from specroll.tasks.sets import encode, math_problems
 
@@ -193,15 +194,7 @@ def main() -> None:
     mc = policy.cfg
     batch = make_batch(tok, args.prompts, args.group, lo, hi, mc.vocab_size, args.seed)
     draft = build_draft(cfg, policy, tok, None) if True in drafts else None
-    learner = Learner(
-        policy,
-        policy_cfg=cfg.policy,
-        loss_cfg=cfg.loss,
-        rollout_cfg=cfg.rollout,
-        draft=draft,
-        draft_cfg=cfg.draft,
-        device="cpu",
-    )
+    learner = build_learner(cfg, policy, draft, torch.device("cpu"))
     conf = Configured(learner)
     n_tok = int(batch.lengths.sum())
     n_resp = int(batch.response_mask.sum())

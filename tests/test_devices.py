@@ -186,7 +186,8 @@ def test_a_learner_step_makes_no_tensor_off_its_device(dtype):
     def step(harness: bool) -> tuple[torch.Tensor, dict, torch.Tensor]:
         policy = tiny_policy()
         head = Eagle3Head(Eagle3Config.for_target(policy.cfg, 12)).init_weights(3, 0.3)
-        lr = learner(policy, draft=head.set_embedding(policy), dtype=DTYPES[dtype])
+        name = str(DTYPES[dtype]).removeprefix("torch.")  # float32 | bfloat16
+        lr = learner(policy, f"learner.dtype={name}", draft=head.set_embedding(policy))
         b = tiny_batch()
         with tensors_need_a_device() if harness else nullcontext():
             old = lr.logprobs(b)

@@ -16,6 +16,7 @@ from specroll.rl import loss as L
 from specroll.rl.batch import Batch
 from specroll.rl.config import build_config
 from specroll.rl.learner import Learner
+from specroll.rl.learner_host import build_learner
 from specroll.rl.logprobs import head_logprobs, token_logprobs
 
 CUDA = torch.cuda.is_available()
@@ -46,17 +47,10 @@ def tiny_batch(vocab: int = 97, n: int = 10, width: int = 40, seed: int = 0) -> 
     return b
 
 
-def learner(policy, *overrides: str, draft=None, **kw) -> Learner:
-    cfg = build_config("tiny", ["policy.micro_batch=4", *overrides])
-    return Learner(
-        policy,
-        policy_cfg=cfg.policy,
-        loss_cfg=cfg.loss,
-        rollout_cfg=cfg.rollout,
-        draft=draft,
-        draft_cfg=cfg.draft,
-        **kw,
-    )
+def learner(policy, *overrides: str, draft=None) -> Learner:
+    """The learner a run of the tiny preset builds (micro-batches of 4), on the CPU."""
+    cfg = build_config("tiny", ["policy.micro_batch=4", "learner.device=cpu", *overrides])
+    return build_learner(cfg, policy, draft)
 
 
 # ---------------------------------------------------------------- importance weights
@@ -182,7 +176,7 @@ def test_bf16_learner_trains_fp32_masters_and_stays_near_fp32():
     p32, p16 = tiny_policy(), tiny_policy()
     d16 = new_eagle3(p16, torch.arange(0, 97, 2), (1, 2, 3), 0)
     lr32 = learner(p32)
-    lr16 = learner(p16, draft=d16, dtype=torch.bfloat16)
+    lr16 = learner(p16, "learner.dtype=bfloat16", draft=d16)
     old32, old16 = lr32.logprobs(b), lr16.logprobs(b)
     mask = b.response_mask
     err = (old16 - old32).abs()[mask]
