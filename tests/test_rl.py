@@ -168,8 +168,10 @@ def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ValueError, match="section.key=value"):
         build_config("tiny", ["steps=3"])
     assert build_config("default", ["loss.clip_high=0.3"]).loss.clip_high == 0.3
-    with pytest.raises(ValueError, match=r"rollout.backend must be one of \('local', 'ray'\)"):
-        build_config("tiny", ["rollout.backend=vllm"])
+    with pytest.raises(
+        ValueError, match=r"rollout.backend must be one of \('local', 'ray', 'vllm'\)"
+    ):
+        build_config("tiny", ["rollout.backend=sglang"])
     with pytest.raises(ValueError, match="ray.enabled was replaced: use rollout.backend=ray"):
         build_config("tiny", ["ray.enabled=true"])
     with pytest.raises(ValueError, match=r"draft.kind must be one of \('eagle3', 'mtp'\)"):

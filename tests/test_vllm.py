@@ -1,0 +1,298 @@
+"""vLLM as a rollout backend (`specroll.rl.vllm_rollout`), on tiny models through vLLM.
+
+* Greedy: token-identical to specroll's own engine (EAGLE-3 k = 3), stop tokens included.
+* Log-probs: vLLM's processed log-probs of speculative samples equal the learner's
+  recomputation (fp32) to float rounding.
+* Refit: an engine refit in place (policy and draft) generates what a fresh engine on the
+  new weights generates — same seeds, same tokens, same acceptance counters — and the
+  counters agree with vLLM's own `get_metrics()`.
+* Exactness: the joint distribution of three tokens sampled with speculation through vLLM
+  matches plain decoding's exact distribution (the χ² method and helpers of
+  tests/test_spec_engine.py); without the backend's patch of vLLM's CPU sampling-parameter
+  expansion the same test fails (the control), and the counts reject a 2% TV shift (power).
+
+vLLM's CPU attention takes head sizes 32, 64, ...: these models use head_dim 32. Skipped
+only when vLLM is not importable (`.venv-vllm/bin/python -m pytest -m vllm tests/test_vllm.py`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+pytest.importorskip("vllm")
+
+from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head  # noqa: E402
+from specroll.drafters.eagle3_io import save_eagle3  # noqa: E402
+from specroll.engine import Engine, Request, SamplingParams  # noqa: E402
+from specroll.model import ModelConfig, Transformer  # noqa: E402
+from specroll.model.weights import save_model  # noqa: E402
+from specroll.rl.batch import Batch  # noqa: E402
+from specroll.rl.rollout import state  # noqa: E402
+from specroll.rl.vllm_rollout import VllmRollout, patch_expand  # noqa: E402
+from tests.test_learner import learner  # noqa: E402
+from tests.test_spec_engine import PROMPT, VOCAB, _exact_joint, _pvalue, _shifted  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+K = 3
+N = 30_000
+
+
+def _target(seed: int, std: float = 0.4) -> Transformer:
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=4,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        max_position_embeddings=512,
+    )
+    return Transformer(cfg).init_weights(seed=seed, std=std).eval()
+
+
+def _draft(target: Transformer, seed: int) -> Eagle3Head:
+    """A random EAGLE-3 head over 12 of the 16 ids, reading distinct ascending target
+    layers (vLLM dedupes and sorts aux ids; `for_target` on 4 layers gives (2, 2, 1))."""
+    cfg = Eagle3Config.from_layer(target.cfg, 12, (1, 2, 3))
+    return Eagle3Head(cfg, embed=target).init_weights(seed, 0.3).eval()
+
+
+def _save(root, target: Transformer, draft: Eagle3Head) -> tuple[str, str]:
+    save_model(target, root / "policy")
+    save_eagle3(draft, root / "draft")
+    return str(root / "policy"), str(root / "draft")
+
+
+def _engine(root, target, draft, **kw) -> VllmRollout:
+    policy_dir, draft_dir = _save(root, target, draft)
+    kw = {"max_batch": 64, "kv_cache_gib": 0.25, **kw}
+    return VllmRollout(policy_dir, draft_dir, "eagle3", K, **kw)
+
+
+def _prompts(n: int, seed: int, lo: int = 3, hi: int = 15) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(0, VOCAB, (m,), generator=g).tolist() for m in lengths]
+
+
+def metric_counters(llm) -> dict:
+    """vLLM's global speculation counters now (`get_metrics`): drafts, draft_tokens,
+    accepted_tokens (ints) and per_pos (list); take differences around a call."""
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    out: dict = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "per_pos": []}
+    names = {
+        "vllm:spec_decode_num_drafts": "drafts",
+        "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+    }
+    for m in llm.get_metrics():
+        if isinstance(m, Counter) and m.name in names:
+            out[names[m.name]] += m.value
+        elif isinstance(m, Vector) and m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            have = out["per_pos"] or [0] * len(m.values)
+            out["per_pos"] = [a + b for a, b in zip(have, m.values, strict=True)]
+    return out
+
+
+# ---------------------------------------------------------------- greedy, log-probs
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """(target, draft, its vLLM rollout) with realistic activation scales."""
+    target = _target(0, std=0.15)
+    draft = _draft(target, 3)
+    return target, draft, _engine(tmp_path_factory.mktemp("small"), target, draft)
+
+
+def test_greedy_is_token_identical_to_specroll_engine(small):
+    target, _, roll = small
+    prompts = _prompts(4, seed=4)
+    params = SamplingParams(0.0, max_new_tokens=64, stop_token_ids=())
+    ours = Engine(target).generate([Request(q, params) for q in prompts])
+    theirs = roll.generate_now([Request(q, params) for q in prompts])
+    assert theirs.stats.draft_tokens > 0
+    for q, a, b in zip(prompts, ours, theirs, strict=True):
+        assert b.token_ids == a.token_ids
+        assert b.finish_reason == "length" and b.draft_version == 0
+        logits = target(torch.tensor([q + b.token_ids])).logits[0, len(q) - 1 : -1]
+        ref = logits.log_softmax(-1).gather(-1, torch.tensor(b.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(b.logprobs), ref, atol=1e-5, rtol=0)
+    # a stop token inside the output ends it there, the stop token included
+    stop = ours[0].token_ids[10]
+    params = SamplingParams(0.0, max_new_tokens=64, stop_token_ids=(stop,))
+    ours = Engine(target).generate([Request(q, params) for q in prompts])
+    theirs = roll.generate_now([Request(q, params) for q in prompts])
+    for a, b in zip(ours, theirs, strict=True):
+        assert (b.token_ids, b.finish_reason) == (a.token_ids, a.finish_reason)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_processed_logprobs_equal_the_learners_recomputation(small, temperature):
+    target, _, roll = small
+    params = [
+        SamplingParams(temperature, max_new_tokens=32, stop_token_ids=(), seed=i) for i in range(16)
+    ]
+    res = roll.generate_now([Request(q, p) for q, p in zip(_prompts(16, 5), params, strict=True)])
+    assert res.stats.accepted_tokens > 0 and res.stats.acceptance_rate < 0.95
+    assert [r.seed for r in res] == list(range(16))
+    b = Batch.from_results(list(res), torch.zeros(len(res)))
+    old = learner(target, f"rollout.temperature={temperature}").logprobs(b)
+    delta = (old - b.behaviour_logp)[b.response_mask].abs().max().item()
+    print(f"T={temperature}: max |vLLM - learner| = {delta:.2e}")
+    assert delta < 1e-4
+
+
+# ---------------------------------------------------------------- refit
+
+
+def _refit_requests() -> list[Request]:
+    """Sampled and greedy rows; the long ones share a prefix of more than two KV blocks
+    (128 tokens on CPU; with EAGLE vLLM does not reuse the last cached block), so a prefix
+    cache kept across the refit would serve them stale blocks."""
+    long = _prompts(1, 8, 300, 301)[0]
+    prompts = _prompts(8, 7) + [long + q for q in _prompts(4, 9)]
+    reqs = []
+    for i, q in enumerate(prompts):
+        t = 0.0 if i % 4 == 3 else 1.0
+        reqs.append(Request(q, SamplingParams(t, max_new_tokens=24, stop_token_ids=(), seed=i)))
+    return reqs
+
+
+def _same(a, b) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids
+        sx, sy = x.spec, y.spec
+        assert (sx.drafts, sx.draft_tokens, sx.accepted_tokens, sx.accepted_per_pos) == (
+            sy.drafts,
+            sy.draft_tokens,
+            sy.accepted_tokens,
+            sy.accepted_per_pos,
+        )
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
+
+
+def test_refit_in_place_equals_a_fresh_engine(tmp_path):
+    old_t = _target(0)
+    old_d = _draft(old_t, 3)
+    new_t = _target(1)
+    new_d = _draft(new_t, 4)
+    roll = _engine(tmp_path / "old", old_t, old_d)
+    reqs = _refit_requests()
+    before = roll.generate_now(reqs)  # fills the prefix cache with old-weight blocks
+    times = []
+    for v in (1, 2):  # the second refit: timing without first-call effects
+        roll.publish(v, state(new_t), state(new_d))
+        times.append(roll.refit_s)
+    print(
+        f"refit (policy + draft, {sum(p.numel() for p in new_t.parameters())} params): "
+        f"{times[0] * 1e3:.0f} ms, then {times[1] * 1e3:.0f} ms"
+    )
+    refit = roll.generate_now(reqs)
+    assert all((r.policy_version, r.draft_version) == (2, 2) for r in refit)
+    assert [r.token_ids for r in refit] != [r.token_ids for r in before]
+    fresh = _engine(tmp_path / "new", new_t, new_d)  # registered last: get_metrics is its
+    c0 = metric_counters(fresh.llm)
+    again = fresh.generate_now(reqs)
+    c1 = metric_counters(fresh.llm)
+    _same(refit, again)
+    s = again.stats
+    assert s.drafts > 0 and 0 < s.acceptance_rate < 0.95
+    assert (s.drafts, s.draft_tokens, s.accepted_tokens) == tuple(
+        c1[n] - c0[n] for n in ("drafts", "draft_tokens", "accepted_tokens")
+    )
+    assert s.accepted_per_pos == [
+        b - a for a, b in zip(c0["per_pos"] or [0] * K, c1["per_pos"], strict=True)
+    ]
+    # the plain shadow engine, made after the refit, starts on the refit weights
+    greedy = [r for r in reqs if r.params.temperature == 0.0]
+    plain = roll.generate_now(greedy, plain=True)
+    assert all(r.draft_version is None and r.policy_version == 2 for r in plain)
+    assert [r.token_ids for r in plain] == [r.token_ids for r in fresh.generate_now(greedy)]
+
+
+# ---------------------------------------------------------------- exactness (χ²)
+
+
+@pytest.fixture(scope="module")
+def chi(tmp_path_factory):
+    """(target, method -> its vLLM rollout, started on first use)."""
+    target = _target(0)
+    policy_dir, draft_dir = _save(tmp_path_factory.mktemp("chi"), target, _draft(target, 3))
+    rolls: dict[str, VllmRollout] = {}
+
+    def get(method: str) -> VllmRollout:
+        if method not in rolls:
+            d = draft_dir if method == "eagle3" else None
+            rolls[method] = VllmRollout(
+                policy_dir, d, method, K, max_batch=256, kv_cache_gib=0.25, ngram_max=2
+            )
+        return rolls[method]
+
+    yield target, get
+    patch_expand(True)
+
+
+def _joint_counts(roll: VllmRollout, n: int, t: float, k: int, p: float):
+    reqs = [
+        Request(
+            PROMPT, SamplingParams(t, top_k=k, top_p=p, max_new_tokens=3, stop_token_ids=(), seed=i)
+        )
+        for i in range(n)
+    ]
+    res = roll.generate_now(reqs)
+    ids = torch.tensor([r.token_ids for r in res])  # [N, 3]
+    flat = ids[:, 0] * VOCAB**2 + ids[:, 1] * VOCAB + ids[:, 2]
+    return torch.bincount(flat, minlength=VOCAB**3), res.stats
+
+
+@pytest.mark.parametrize("t,k,p", [(0.7, 0, 1.0), (1.0, 0, 1.0), (1.0, 0, 0.85)])
+@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+def test_joint_distribution_through_vllm_matches_plain_decoding(chi, method, t, k, p):
+    """A random EAGLE-3 head is rarely accepted here (greedy drafting: accept with
+    p(argmax q)), so it exercises rejection and the residual; n-gram on the repetitive
+    prompt is accepted often."""
+    target, get = chi
+    roll = get(method)
+    assert roll.patched  # on this CPU build the backend must patch vLLM
+    counts, s = _joint_counts(roll, N, t, k, p)
+    # speculation happened; EAGLE-3 exercises rejections (residual draws), n-gram
+    # acceptances (with top-p 0.85 the prompt's continuation is the whole nucleus)
+    assert s.draft_tokens > N // 2
+    if method == "eagle3":
+        assert s.draft_tokens - s.accepted_tokens > N // 2
+    else:
+        assert s.acceptance_rate > 0.05
+    exact = _exact_joint(target, t, k, p)
+    pv, shifted = _pvalue(counts, exact), _pvalue(counts, _shifted(exact, 0.02))
+    print(
+        f"{method} T={t} top_k={k} top_p={p}: p={pv:.3g}, 2%-shifted p={shifted:.2g}, "
+        f"acceptance {s.acceptance_rate:.4f}"
+    )
+    assert pv > 1e-4
+    assert shifted < 1e-4
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+def test_the_same_test_fails_without_the_patch(chi, method):
+    """The control: vLLM's own CPU expansion (garbage temperatures in the verifier)."""
+    target, get = chi
+    roll = get(method)
+    patch_expand(False)
+    try:
+        counts, _ = _joint_counts(roll, N // 3, 1.0, 0, 1.0)
+    finally:
+        patch_expand(True)
+    exact = _exact_joint(target, 1.0, 0, 1.0)
+    observed = counts.double() / counts.sum()
+    tv = 0.5 * (observed - exact).abs().sum().item()
+    pv = _pvalue(counts, exact) if counts[exact == 0].sum() == 0 else 0.0
+    print(f"{method} unpatched: p={pv:.3g}, TV={tv:.3f}")
+    assert pv < 1e-6 and tv > 0.02
