@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,16 @@ def latest(root: str | Path) -> Path | None:
 
 
 def save(
-    root: str | Path, step: int, state: dict[str, Any], keep: int = 2, run_id: str = ""
+    root: str | Path,
+    step: int,
+    state: dict[str, Any],
+    keep: int = 2,
+    run_id: str = "",
+    write: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write checkpoint `step` (state: tensors/optimizer dicts/config) atomically."""
+    """Write checkpoint `step` (state: tensors/optimizer dicts/config) atomically.
+
+    write: also writes into the checkpoint's directory (a sharded learner's DCP state)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -41,6 +49,8 @@ def save(
     tmp.mkdir()
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     torch.save({**state, "step": step, "rng": rng}, tmp / "state.pt")
+    if write is not None:
+        write(tmp)
     meta = {"step": step, "run_id": run_id, "config": state.get("config", {})}
     (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
     shutil.rmtree(final, ignore_errors=True)
@@ -60,6 +70,7 @@ def meta(path: str | Path) -> dict[str, Any]:
 def load(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint and restore the global RNG states it saved."""
     state = torch.load(Path(path) / "state.pt", weights_only=False)
+    state["path"] = str(path)  # where a sharded learner state lies (`learner/`)
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     return state

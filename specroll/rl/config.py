@@ -110,6 +110,8 @@ class RolloutConfig:
 
 RECOMPUTE = ("auto", "always")
 """`learner.recompute_logprobs` values."""
+STRATEGIES = ("single", "fsdp")
+"""`learner.strategy` values."""
 
 
 @dataclass
@@ -128,8 +130,24 @@ class LearnerConfig:
     `check_every` steps, and recomputing from then on if a check fails."""
     check_every: int = 10
     """recompute_logprobs='auto': steps between agreement checks (the first step is one)."""
+    strategy: str = "single"
+    """'single' (one process) or 'fsdp' (`ranks` processes, FSDP2-sharded policy)."""
+    ranks: int = 1
+    """Learner ranks (data-parallel, one process group); more than 1 needs strategy 'fsdp'."""
 
     def __post_init__(self) -> None:
+        _check(
+            self.strategy in STRATEGIES,
+            f"learner.strategy must be one of {STRATEGIES}, got {self.strategy!r}",
+        )
+        _check(
+            isinstance(self.ranks, int) and self.ranks >= 1,
+            f"learner.ranks must be an integer >= 1, got {self.ranks!r}",
+        )
+        _check(
+            self.ranks == 1 or self.strategy == "fsdp",
+            f"learner.ranks={self.ranks} needs learner.strategy=fsdp (single is one process)",
+        )
         check_device_name("learner.device", self.device)
         check_dtype_name("learner.dtype", self.dtype)
         _check(

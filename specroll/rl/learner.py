@@ -85,6 +85,9 @@ class Learner:
         self.draft = draft if (draft is not None and draft_cfg and draft_cfg.online) else None
         self.dcfg = draft_cfg
         self.reference = reference
+        self.dp = None
+        """Data parallelism over ranks (`rl.fsdp.DataParallel`), or None in one process:
+        which micro-batches this rank runs, and the sums over ranks."""
         self._share = functools.partial(L.micro_share, token_level=loss_cfg.token_level)
         """The loss variant, chosen once: this micro-batch's share of the aggregate."""
         if self.device.type == "cpu":
@@ -164,11 +167,21 @@ class Learner:
         plan = self._micro(batch)
         batch = batch.to(self.device)
         out = torch.zeros(batch.tokens.shape, device=self.device)
-        for m in plan:
+        for m, real in self._mine(plan):
             b = batch.rows(m.idx, m.width)
             logp, _, _ = self._forward(model, b, where=m.where(b, self.device))
-            out[torch.tensor(m.idx, device=self.device), : m.width] = logp
+            if real:
+                out[torch.tensor(m.idx, device=self.device), : m.width] = logp
+        if self.dp is not None:  # each row was computed on one rank, zeros elsewhere
+            self.dp.sum_(out)
         return out.cpu()
+
+    def _mine(self, plan: list[_Micro]) -> list[tuple[_Micro, bool]]:
+        """(micro-batch, real) pairs this rank runs: all of them, real, in one process;
+        under data parallelism its share, padded with dummies (forwards whose results
+        count for nothing) so that every rank runs as many forwards and backwards as the
+        others (each is a collective under FSDP)."""
+        return [(m, True) for m in plan] if self.dp is None else self.dp.share(plan)
 
     def _micro(self, batch: Batch) -> list[_Micro]:
         """Micro-batches of `policy.micro_batch` rows in ascending length (little padding),
@@ -227,7 +240,11 @@ class Learner:
         sub = Batch(*(getattr(batch, f.name)[sel] for f in fields(Batch)))
         old_logp = old_logp[sel] if old_logp is not None else None
         ref_logp = ref_logp[sel] if ref_logp is not None else None
-        n_tokens = float(sub.response_mask.sum().clamp(min=1))
+        micros = self._mine(self._micro(sub))
+        if self.dp is None:
+            n_tokens = float(sub.response_mask.sum().clamp(min=1))
+        else:  # the global count (all ranks' shares), not this rank's: a global mean
+            n_tokens = self.dp.token_count(sub.response_mask, [m.idx for m, r in micros if r])
         n_seqs = float(len(part))
         cap = L.weight_cap(self.lcfg, self.decoupled)
         use_ref = self.lcfg.kl_coef > 0 and ref_logp is not None
@@ -242,7 +259,7 @@ class Learner:
             acc["tis_clip_frac"] = zero
         draft_acc: list[list[float]] = []
         vocab = self._draft_vocab()
-        for m in self._micro(sub):
+        for m, real in micros:
             b = sub.rows(m.idx, m.width)
             rows = torch.tensor(m.idx, device=self.device)
             W = m.width
@@ -258,6 +275,9 @@ class Learner:
                 ref_logp=ref_logp[rows, :W] if use_ref else None,
             )
             loss = self._share(per_tok, mask, n_tokens, n_seqs)
+            if not real:  # a dummy: its forward and backward only keep the ranks in step
+                loss = loss * 0.0
+                terms = {k: v * 0 for k, v in terms.items()}
             acc["policy_loss"] = acc["policy_loss"] + loss.detach()
             acc["clip_frac"] = acc["clip_frac"] + _share(terms["clipped"] * mask, n_tokens)
             if "kl" in terms:
@@ -269,27 +289,35 @@ class Learner:
             total = loss
             if self.draft is not None:
                 dl, dm = self._draft_loss(b, hidden, target)
+                dl = dl if real else dl * 0.0
                 total = total + self.dcfg.weight * dl * (len(m.idx) / n_seqs)
                 acc["draft_loss"] = acc["draft_loss"] + dl.detach().double() * len(m.idx) / n_seqs
-                draft_acc.append(dm["accept"])
+                draft_acc.append(dm["accept"] if real else [math.nan] * len(dm["accept"]))
             total.backward()
-        acc["grad_norm"] = torch.nn.utils.clip_grad_norm_(
-            self.policy.parameters(), self.pcfg.grad_clip
-        )
+        if self.dp is not None and self.draft is not None:
+            self.dp.sum_grads(self.draft.parameters())  # the replicated draft: summed grads
+        keys = list(acc)
+        sums = torch.stack([acc[k].double() for k in keys])
+        if self.dp is not None:
+            self.dp.sum_(sums)
+        # under FSDP the policy's clipping norm is a DTensor: its global value
+        acc = {"grad_norm": _full(_clip_grad(self.policy.parameters(), self.pcfg.grad_clip))}
         self.opt.step()
         if self.draft_opt is not None:
             params = list(self.draft.parameters())
-            acc["draft_grad_norm"] = torch.nn.utils.clip_grad_norm_(params, self.dcfg.grad_clip)
+            acc["draft_grad_norm"] = _full(_clip_grad(params, self.dcfg.grad_clip))
             self.draft_opt.step()
-        keys = list(acc)
-        values = torch.stack([acc[k].double() for k in keys]).tolist()  # the one host read
-        out: dict = dict(zip(keys, values, strict=True))
+        keys += list(acc)
+        values = torch.cat([sums, torch.stack([v.double() for v in acc.values()])])
+        out: dict = dict(zip(keys, values.tolist(), strict=True))  # the one host read
         if self.draft_opt is not None:
-            out["draft_accept"] = [  # mean over the micro-batches that reached step j
-                sum(a[j] for a in draft_acc if not math.isnan(a[j]))
-                / max(1, sum(not math.isnan(a[j]) for a in draft_acc))
-                for j in range(len(draft_acc[0]))
-            ]
+            # mean over the micro-batches (of all ranks) that reached step j
+            a = torch.tensor(draft_acc, dtype=torch.float64, device="cpu")  # [micro-batches, steps]
+            seen = ~a.isnan()
+            tot = torch.stack([a.nan_to_num().sum(0), seen.sum(0).double()])  # [2, steps]
+            if self.dp is not None:  # on the device: NCCL reduces CUDA tensors only
+                tot = self.dp.sum_(tot.to(self.device)).cpu()
+            out["draft_accept"] = (tot[0] / tot[1].clamp(min=1)).tolist()
         return out
 
     def _draft_vocab(self) -> torch.Tensor | None:
@@ -336,6 +364,14 @@ class Learner:
                 steps=self.dcfg.ttt_steps,
                 decay=self.dcfg.step_decay,
             )
+
+
+_clip_grad = torch.nn.utils.clip_grad_norm_
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's global value (FSDP's gradient norm); other tensors as they are."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _share(x: torch.Tensor, n: float) -> torch.Tensor:

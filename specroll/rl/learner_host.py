@@ -113,7 +113,13 @@ class LocalLearnerHost:
 
     def restore(self, state: dict) -> None:
         """Load a `state()` written on any device: weights are copied into the learner's
-        tensors, and each optimizer moves its state onto its parameters' device."""
+        tensors, and each optimizer moves its state onto its parameters' device. A
+        sharded checkpoint (`learner.strategy: fsdp`, any rank count) is read with DCP."""
+        if "policy" not in state:
+            from specroll.rl import dcp_state
+
+            dcp_state.load(self.learner, self.draft, Path(state["path"]) / "learner")
+            return
         with torch.no_grad():
             self.policy.load_state_dict(state["policy"])
             if self.draft is not None:
@@ -211,9 +217,19 @@ class RayLearnerHost:
 def build_host(
     cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None
 ) -> LocalLearnerHost | RayLearnerHost:
-    """The learner's placement: a Ray actor when rollouts run on Ray (`rollout.backend:
+    """The learner's placement: `learner.ranks` FSDP ranks (`learner.strategy: fsdp`:
+    Ray actors in a placement group with `rollout.backend: ray`, see `rl.fsdp_ray`, else
+    local processes, `rl.fsdp_host`), a Ray actor when rollouts run on Ray (`rollout.backend:
     ray`, so that weights go from the actor to the workers without the driver), else
     this process."""
+    if cfg.learner.strategy == "fsdp" and cfg.rollout.backend == "ray":
+        from specroll.rl.fsdp_ray import RayFSDPLearnerHost
+
+        return RayFSDPLearnerHost(cfg, policy, draft)
+    if cfg.learner.strategy == "fsdp":
+        from specroll.rl.fsdp_host import FSDPLearnerHost
+
+        return FSDPLearnerHost(cfg, policy, draft)
     if cfg.rollout.backend == "ray":
         return RayLearnerHost(cfg, policy, draft)
     return LocalLearnerHost(cfg, policy, draft)

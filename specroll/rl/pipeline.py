@@ -302,6 +302,7 @@ class Trainer:
             self.state(),
             self.cfg.pipeline.keep_checkpoints,
             run_id=self.run_id,
+            write=getattr(self.host, "save_sharded", None),
         )
 
     # ------------------------------------------------------------------ loop

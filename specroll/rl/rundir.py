@@ -48,6 +48,8 @@ FREE_TO_CHANGE = {
     ("log", "tensorboard"),
     ("rollout", "device"),
     ("learner", "device"),
+    ("learner", "strategy"),
+    ("learner", "ranks"),
 }
 """Settings a resumed run may change: they do not change what a step computes."""
 FREE_SECTIONS = {"ray"}

@@ -8,6 +8,12 @@ in a synchronous or asynchronous pipeline.
 * **Log-prob and train** are FLOP-bound passes over every prompt + response token:
   2 x active params (forward) and 6 x (forward + backward), at an MFU calibrated per pass
   (log-prob runs at a lower MFU than FLOPs alone suggest: research/simulator.md §3).
+* **FSDP communication** (the learner sharded over its R = train GPUs): each rank
+  all-gathers (R-1)/R of the bf16 weights for every forward (log-prob: one per
+  micro-batch; train: the forward and again the backward) and reduce-scatters (R-1)/R of
+  the fp32 gradients per micro-batch, over NVLink within a domain and the inter-node link
+  beyond it. Prefetching hides it behind compute up to `comm_overlap`; what is left adds
+  to the pass (`learner_comm`).
 * **Prepare** (weight sync): a fixed cost plus the bf16 weights (and the draft, if it is
   trained online) over the sync path.
 * **Async with lag L** (generation on its own GPUs): rollouts for steps t+1..t+L run
@@ -86,6 +92,14 @@ class LearnerCost:
     """Weight-sync fixed cost (resharding, cache reset, graph recapture)."""
     draft_online: bool = False
     """The draft is trained every step (its weights are synced too)."""
+    fsdp: bool = True
+    """The learner shards weights, gradients and optimizer state with FSDP over its GPUs."""
+    micro_batches: int = 1
+    """Micro-batches per rank per step (each one's forward and backward gathers again)."""
+    inter_node_bw: float = 50e9
+    """Bytes/s per GPU between nodes (400 Gb/s): the ring's link once ranks span domains."""
+    comm_overlap: float = 0.9
+    """Most of the FSDP communication prefetching hides behind compute (the rest shows)."""
 
 
 @dataclass
@@ -173,9 +187,30 @@ class RLSim:
         # weights only: attention FLOPs are small next to them at these contexts
         logprob = 2 * m.params_active * tokens / (flops * lc.logprob_mfu)
         train = 6 * m.params_active * tokens / (flops * lc.train_mfu)
+        comm = self.learner_comm()
+        logprob += _exposed(comm["logprob_s"], logprob, lc.comm_overlap)
+        train += _exposed(comm["train_s"], train, lc.comm_overlap)
         sync_bytes = BYTES * m.params_total * (1.05 if lc.draft_online else 1.0)
         prepare = lc.prepare_fixed_s + sync_bytes / self.cluster.generation_gpus / hw.link_bw
         return {"logprob": logprob, "train": train, "prepare": prepare}
+
+    def learner_comm(self) -> dict:
+        """FSDP traffic per rank per step: all-gather and reduce-scatter bytes, and the
+        seconds it takes in the log-prob and the train pass (before overlap)."""
+        R, lc = self.cluster.train_gpus, self.learner
+        if not lc.fsdp or R == 1:
+            return {"gather_bytes": 0.0, "scatter_bytes": 0.0, "logprob_s": 0.0, "train_s": 0.0}
+        share = (R - 1) / R * self.model.params_total  # parameters a rank does not hold
+        mb = lc.micro_batches
+        gather_lp, gather_train = share * BYTES * mb, share * BYTES * 2 * mb
+        scatter = share * 4 * mb  # fp32 gradients
+        bw = self.hw.link_bw if R <= self.hw.domain else lc.inter_node_bw
+        return {
+            "gather_bytes": gather_lp + gather_train,
+            "scatter_bytes": scatter,
+            "logprob_s": gather_lp / bw,
+            "train_s": (gather_train + scatter) / bw,
+        }
 
     def tokens(self, lengths: np.ndarray) -> float:
         """Prompt + response tokens the learner processes in one step."""
@@ -220,6 +255,13 @@ class RLSim:
             "depth_hist_spec": out["spec"]["depth_hist"],
             "trace_ar": out["ar"]["trace"],
             "trace_spec": out["spec"]["trace"],
+            "learner_comm": self.learner_comm(),
             "mean_len": float(lengths.mean()),
             "samples": len(lengths),
         }
+
+
+def _exposed(comm_s: float, compute_s: float, overlap: float) -> float:
+    """Communication seconds a pass shows: what compute cannot hide, and at least the
+    share prefetching never hides (the first block's gather, the last reduce-scatter)."""
+    return max(comm_s - compute_s, (1 - overlap) * comm_s)

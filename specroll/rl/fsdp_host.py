@@ -1,0 +1,219 @@
+"""The learner on N ranks (`learner.strategy: fsdp`, `learner.ranks: N`): one host, N processes.
+
+`FSDPLearnerHost` answers the driver exactly as `LocalLearnerHost` does (the pipeline's
+loop is unchanged): it spawns N local processes (torch.multiprocessing, spawn) that form
+one process group (gloo on the CPU, NCCL with one GPU per rank) and run the same program
+(SPMD): every command goes to every rank, each runs its share (`rl.fsdp`), and rank 0
+answers. The ranks are processes of their own, not the driver, so that a rank that dies
+cannot take the driver with it: the host sees it gone and fails the step with a message
+naming the rank; `--resume` continues from the last checkpoint.
+
+Publishing: the policy is all-gathered parameter by parameter (every rank takes part in
+each gather) and rank 0 streams each full tensor to the driver as it comes, so no rank
+holds more than its shards and one full parameter.
+
+Checkpoints: `save_sharded` writes the policy, draft and both optimizers with
+`torch.distributed.checkpoint` (each rank its shards) into the checkpoint's `learner/`
+directory (see `rl.dcp_state`); such a checkpoint loads with any number of ranks, and into
+a single-process learner; a single-process checkpoint loads here too.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+
+from specroll.rl.batch import Batch
+from specroll.rl.config import TrainConfig
+from specroll.rl.rollout import State
+
+
+class LearnerRankError(RuntimeError):
+    """A learner rank died or failed: the step did not happen."""
+
+
+POLL_S = 0.5
+"""How often the host checks that its ranks are alive while it waits for them."""
+
+
+class FSDPLearnerHost:
+    """`learner.ranks` learner processes in one FSDP2 process group; rank 0 answers."""
+
+    def __init__(self, cfg: TrainConfig, policy, draft) -> None:
+        import torch.multiprocessing as mp
+
+        from specroll.rl.rollout import state
+
+        self.world = cfg.learner.ranks
+        ctx = mp.get_context("spawn")
+        self._dir = tempfile.TemporaryDirectory(prefix="specroll-fsdp-")
+        init = os.path.join(self._dir.name, "rendezvous")
+        self.results = ctx.Queue()
+        self.cmds = [ctx.Queue() for _ in range(self.world)]
+        dspec = (type(draft), draft.cfg) if draft is not None else None
+        psd, dsd = state(policy), state(draft)
+        self.procs = []
+        for r in range(self.world):
+            args = (r, self.world, f"file://{init}", cfg, policy.cfg, dspec, psd, dsd)
+            p = ctx.Process(target=_serve, args=(*args, self.cmds[r], self.results), daemon=True)
+            p.start()
+            self.procs.append(p)
+        self.failed: str | None = None
+        """Why the host stopped (a rank died or failed); every later call raises it."""
+        self._closed = False
+        self._collect("start")
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call(self, name: str, *args, stream: dict | None = None):
+        """Run command `name` on every rank; rank 0's answer. stream: where rank 0's
+        streamed (key, name, tensor) items go (`weights`)."""
+        if self.failed:
+            raise LearnerRankError(self.failed)
+        for q in self.cmds:
+            q.put((name, args))
+        return self._collect(name, stream)
+
+    def _collect(self, name: str, stream: dict | None = None):
+        pending, answer = set(range(self.world)), None
+        while pending:
+            try:
+                kind, rank, value = self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                self._check_alive(name)
+                continue
+            if kind == "item":
+                key, pname, t = value
+                stream.setdefault(key, {})[pname] = t
+            elif kind == "err":
+                # a peer's death shows on the survivors as a broken collective: name
+                # the dead rank rather than the symptom when there is one
+                for r, p in enumerate(self.procs):
+                    if r != rank:
+                        p.join(timeout=2 * POLL_S)  # give a dying peer time to be seen
+                self._check_alive(name)
+                self._fail(f"learner rank {rank} failed during {name!r}:\n{value}")
+            else:
+                pending.discard(rank)
+                if rank == 0:
+                    answer = value
+        return answer
+
+    def _check_alive(self, name: str) -> None:
+        for r, p in enumerate(self.procs):
+            if p.exitcode is not None:
+                self._fail(
+                    f"learner rank {r} died (exit code {p.exitcode}) during {name!r}; the "
+                    "step did not happen: continue from the last checkpoint with --resume"
+                )
+
+    def _fail(self, msg: str) -> None:
+        self.failed = msg
+        self._stop()
+        raise LearnerRankError(msg)
+
+    def _stop(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=10)
+
+    # ------------------------------------------------------------------ the host interface
+
+    def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._call("logprobs", batch)
+
+    def train(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None) -> dict:
+        return self._call("train", batch, old, ref)
+
+    def weights(self) -> tuple[State, State | None]:
+        """The policy's and draft's full tensors, gathered one at a time and streamed by
+        rank 0 (CPU tensors in shared memory)."""
+        got: dict = {}
+        has_draft = self._call("weights", stream=got)
+        return got.get("policy", {}), (got.get("draft", {}) if has_draft else None)
+
+    def state(self) -> dict:
+        """Nothing full: the learner's state is written by `save_sharded`."""
+        return {"learner_strategy": "fsdp"}
+
+    def save_sharded(self, ckpt_dir: Path) -> None:
+        """Write the learner's sharded state into `ckpt_dir/learner` (every rank)."""
+        self._call("save", str(Path(ckpt_dir) / "learner"))
+
+    def restore(self, state: dict) -> None:
+        """From a sharded checkpoint (any rank count) or a single-process one."""
+        self._call("load", str(state["path"]), "policy" in state)
+
+    def export(self, out: Path) -> None:
+        self._call("export", Path(out))
+
+    def memory(self) -> list[dict]:
+        """Each rank's memory figures (`rank_memory`), and resets their peaks."""
+        return self._call("memory")
+
+    def call(self, fn, *args):
+        """Run `fn(rank_learner, *args)` on every rank (module-level, picklable); rank
+        0's result (tests: checks inside the ranks)."""
+        return self._call("call", fn, *args)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self.failed:
+            for q in self.cmds:
+                q.put(("close", ()))
+            for p in self.procs:
+                p.join(timeout=30)
+        self._stop()
+        self._dir.cleanup()
+
+
+def rank_memory() -> dict:
+    """This process's peak resident memory since the last call (VmHWM, reset through
+    /proc/self/clear_refs) and, on a GPU, its peak allocated CUDA memory, in MiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmHWM", "VmRSS")):
+                k, v = line.split(":")
+                out[k.lower() + "_mib"] = round(int(v.split()[0]) / 1024, 1)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+    except OSError:
+        pass
+    return out
+
+
+def _serve(rank, world, init, cfg, model_cfg, dspec, psd, dsd, cmds, results) -> None:
+    """A rank's loop: build its shard of the learner, then run the driver's commands."""
+    try:
+        from specroll.rl.fsdp_rank import RankLearner
+
+        worker = RankLearner(rank, world, init, cfg, model_cfg, dspec, psd, dsd)
+        del psd, dsd
+    except Exception:
+        results.put(("err", rank, traceback.format_exc()))
+        return
+    results.put(("ok", rank, None))
+    while True:
+        name, args = cmds.get()
+        if name == "close":
+            break
+        try:
+            value = getattr(worker, name)(*args, emit=results.put)
+            results.put(("ok", rank, value if rank == 0 else None))
+        except Exception:
+            results.put(("err", rank, traceback.format_exc()))
+            break
+    worker.close()

@@ -1,0 +1,157 @@
+"""The FSDP learner's ranks as Ray actors in one placement group (`rollout.backend: ray`).
+
+The same ranks (`rl.fsdp_rank.RankLearner`) and the same host interface as the local
+processes of `rl.fsdp_host`; here each rank is an actor on a bundle of one placement
+group (`ray.learner_cpus` / `ray.learner_gpus` per rank, packed: the ranks of a step talk
+on every block, so they are kept together when the cluster allows). They meet over TCP
+at rank 0's node. Published weights go from rank 0 into the object store one tensor at
+a time (rank 0 holds one full tensor at a time, the object store the published copy).
+
+What Ray does on its own when a rank dies: nothing that could save the step. The actors
+are created with `max_restarts=0` (a restarted rank could not rejoin the process group,
+whose other members are blocked in a collective), so Ray marks the actor dead, the
+placement group keeps its bundles, and the pending calls raise `ActorDiedError`; the host
+turns that into `LearnerRankError` naming the rank and kills the others. `--resume`
+continues from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specroll.rl.batch import Batch
+from specroll.rl.config import TrainConfig
+from specroll.rl.fsdp_host import LearnerRankError
+
+
+class RankActor:
+    """One rank in a Ray actor."""
+
+    def __init__(self, *args) -> None:
+        from specroll.rl.fsdp_rank import RankLearner
+
+        self.worker = RankLearner(*args)
+
+    def run(self, name: str, args: tuple):
+        """(answer, object refs of the streamed items) of command `name`."""
+        import ray
+
+        refs: list = []
+        value = getattr(self.worker, name)(*args, emit=lambda item: refs.append(ray.put(item)))
+        return value, refs
+
+
+def _address() -> tuple[str, int]:
+    """This node's IP and a free TCP port (rank 0's rendezvous)."""
+    import socket
+
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+
+class RayFSDPLearnerHost:
+    """`learner.ranks` Ray actors in one placement group; rank 0 answers."""
+
+    def __init__(self, cfg: TrainConfig, policy, draft) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from specroll.rl.rollout import state
+
+        rc, self.world = cfg.ray, cfg.learner.ranks
+        bundle = {"CPU": max(rc.learner_cpus, 1e-3)}
+        if rc.learner_gpus:
+            bundle["GPU"] = rc.learner_gpus
+        self.pg = placement_group([bundle] * self.world, strategy="PACK")
+        ray.get(self.pg.ready())
+
+        def on(r: int):
+            return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)
+
+        ip, port = ray.get(ray.remote(num_cpus=0, scheduling_strategy=on(0))(_address).remote())
+        actor = ray.remote(num_cpus=bundle["CPU"], num_gpus=rc.learner_gpus, max_restarts=0)
+        actor = actor(RankActor)
+        dspec = (type(draft), draft.cfg) if draft is not None else None
+        psd, dsd = ray.put(state(policy)), ray.put(state(draft))
+        init = f"tcp://{ip}:{port}"
+        self.actors = [
+            actor.options(scheduling_strategy=on(r)).remote(
+                r, self.world, init, cfg, policy.cfg, dspec, psd, dsd
+            )
+            for r in range(self.world)
+        ]
+        self.failed: str | None = None
+        self._wait([a.__ray_ready__.remote() for a in self.actors], "start")
+
+    def _wait(self, futures: list, name: str) -> list:
+        import ray
+
+        try:
+            return ray.get(futures)
+        except ray.exceptions.RayActorError:
+            dead = []
+            for r, f in enumerate(futures):
+                try:
+                    ray.get(f, timeout=5)
+                except ray.exceptions.RayActorError:
+                    dead.append(r)
+                except Exception:  # noqa: BLE001 - a survivor's broken collective
+                    pass
+            self.failed = (
+                f"learner rank {dead[0] if dead else '?'} died during {name!r}; the step did "
+                "not happen: continue from the last checkpoint with --resume"
+            )
+            self.close()
+            raise LearnerRankError(self.failed) from None
+
+    def _call(self, name: str, *args):
+        if self.failed:
+            raise LearnerRankError(self.failed)
+        return self._wait([a.run.remote(name, args) for a in self.actors], name)[0]
+
+    def logprobs(self, batch: Batch):
+        return self._call("logprobs", batch)[0]
+
+    def train(self, batch: Batch, old, ref) -> dict:
+        return self._call("train", batch, old, ref)[0]
+
+    def weights(self):
+        """The full tensors rank 0 put into the object store, one at a time."""
+        import ray
+
+        has_draft, refs = self._call("weights")
+        got: dict = {}
+        for ref in refs:
+            key, pname, t = ray.get(ref)[2]
+            got.setdefault(key, {})[pname] = t
+        return got.get("policy", {}), (got.get("draft", {}) if has_draft else None)
+
+    def state(self) -> dict:
+        return {"learner_strategy": "fsdp"}
+
+    def save_sharded(self, ckpt_dir: Path) -> None:
+        self._call("save", str(Path(ckpt_dir) / "learner"))
+
+    def restore(self, state: dict) -> None:
+        self._call("load", str(state["path"]), "policy" in state)
+
+    def export(self, out: Path) -> None:
+        self._call("export", Path(out))
+
+    def memory(self) -> list[dict]:
+        return self._call("memory")[0]
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.actors = []
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
