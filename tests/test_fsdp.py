@@ -278,3 +278,16 @@ def test_learner_strategy_and_ranks_are_validated_by_name():
         build_config("tiny", ["learner.strategy=fsdp", "learner.ranks=0"])
     with pytest.raises(ValueError, match="learner.ranks=2 needs learner.strategy=fsdp"):
         build_config("tiny", ["learner.ranks=2"])
+
+
+def test_the_cli_reports_a_dead_rank_as_an_error(monkeypatch, capsys):
+    """`specroll train` ends with the rank's message and exit code 1, not a traceback."""
+    import specroll.cli as cli
+    from specroll.rl.fsdp_host import LearnerRankError
+
+    def dies(args):
+        raise LearnerRankError("learner rank 1 died (exit code -9) during 'train'")
+
+    monkeypatch.setattr(cli.train, "cmd_train", dies)
+    assert cli.main(["train", "--preset", "tiny"]) == 1
+    assert "error: learner rank 1 died" in capsys.readouterr().err

@@ -39,4 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         common.console.print("[yellow]interrupted[/]")
         return 130
+    except RuntimeError as e:
+        from specroll.rl.fsdp_host import LearnerRankError
+
+        if not isinstance(e, LearnerRankError):
+            raise
+        # a dead learner rank: the message names it and says how to continue
+        common.console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
+        return 1
     return 0
