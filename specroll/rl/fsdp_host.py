@@ -41,7 +41,30 @@ POLL_S = 0.5
 """How often the host checks that its ranks are alive while it waits for them."""
 
 
-class FSDPLearnerHost:
+class ShardedCheckpoints:
+    """What every FSDP host does the same way through its `_call(name, *args)` (rank 0's
+    answer): checkpoints are the ranks' own DCP shards, so the driver's state holds none."""
+
+    def _call(self, name: str, *args):
+        raise NotImplementedError
+
+    def state(self) -> dict:
+        """Nothing full: the learner's state is written by `save_sharded`."""
+        return {"learner_strategy": "fsdp"}
+
+    def save_sharded(self, ckpt_dir: Path) -> None:
+        """Write the learner's sharded state into `ckpt_dir/learner` (every rank)."""
+        self._call("save", str(Path(ckpt_dir) / "learner"))
+
+    def restore(self, state: dict) -> None:
+        """From a sharded checkpoint (any rank count) or a single-process one."""
+        self._call("load", str(state["path"]), "policy" in state)
+
+    def export(self, out: Path) -> None:
+        self._call("export", Path(out))
+
+
+class FSDPLearnerHost(ShardedCheckpoints):
     """`learner.ranks` learner processes in one FSDP2 process group; rank 0 answers."""
 
     def __init__(self, cfg: TrainConfig, policy, draft) -> None:
@@ -137,21 +160,6 @@ class FSDPLearnerHost:
         got: dict = {}
         has_draft = self._call("weights", stream=got)
         return got.get("policy", {}), (got.get("draft", {}) if has_draft else None)
-
-    def state(self) -> dict:
-        """Nothing full: the learner's state is written by `save_sharded`."""
-        return {"learner_strategy": "fsdp"}
-
-    def save_sharded(self, ckpt_dir: Path) -> None:
-        """Write the learner's sharded state into `ckpt_dir/learner` (every rank)."""
-        self._call("save", str(Path(ckpt_dir) / "learner"))
-
-    def restore(self, state: dict) -> None:
-        """From a sharded checkpoint (any rank count) or a single-process one."""
-        self._call("load", str(state["path"]), "policy" in state)
-
-    def export(self, out: Path) -> None:
-        self._call("export", Path(out))
 
     def memory(self) -> list[dict]:
         """Each rank's memory figures (`rank_memory`), and resets their peaks."""

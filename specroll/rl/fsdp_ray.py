@@ -17,11 +17,9 @@ continues from the last checkpoint.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from specroll.rl.batch import Batch
 from specroll.rl.config import TrainConfig
-from specroll.rl.fsdp_host import LearnerRankError
+from specroll.rl.fsdp_host import LearnerRankError, ShardedCheckpoints
 
 
 class RankActor:
@@ -52,7 +50,7 @@ def _address() -> tuple[str, int]:
         return ray.util.get_node_ip_address(), s.getsockname()[1]
 
 
-class RayFSDPLearnerHost:
+class RayFSDPLearnerHost(ShardedCheckpoints):
     """`learner.ranks` Ray actors in one placement group; rank 0 answers."""
 
     def __init__(self, cfg: TrainConfig, policy, draft) -> None:
@@ -129,18 +127,6 @@ class RayFSDPLearnerHost:
             key, pname, t = ray.get(ref)[2]
             got.setdefault(key, {})[pname] = t
         return got.get("policy", {}), (got.get("draft", {}) if has_draft else None)
-
-    def state(self) -> dict:
-        return {"learner_strategy": "fsdp"}
-
-    def save_sharded(self, ckpt_dir: Path) -> None:
-        self._call("save", str(Path(ckpt_dir) / "learner"))
-
-    def restore(self, state: dict) -> None:
-        self._call("load", str(state["path"]), "policy" in state)
-
-    def export(self, out: Path) -> None:
-        self._call("export", Path(out))
 
     def memory(self) -> list[dict]:
         return self._call("memory")[0]
