@@ -230,7 +230,7 @@ def chi(tmp_path_factory):
 
     def get(method: str) -> VllmRollout:
         if method not in rolls:
-            kind, _, sample = method.partition("-")  # eagle3-greedy: the argmax of q
+            kind, _, sample = method.partition("-")  # eagle3-probabilistic: drafts from q
             d = draft_dir if kind == "eagle3" else None
             rolls[method] = VllmRollout(
                 policy_dir,
@@ -240,7 +240,7 @@ def chi(tmp_path_factory):
                 max_batch=256,
                 kv_cache_gib=0.25,
                 ngram_max=2,
-                draft_sample=sample or "probabilistic",
+                draft_sample=sample or "greedy",
             )
         return rolls[method]
 
@@ -262,12 +262,12 @@ def _joint_counts(roll: VllmRollout, n: int, t: float, k: int, p: float):
 
 
 @pytest.mark.parametrize("t,k,p", [(0.7, 0, 1.0), (1.0, 0, 1.0), (1.0, 0, 0.85)])
-@pytest.mark.parametrize("method", ["eagle3", "eagle3-greedy", "ngram"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle3-probabilistic", "ngram"])
 def test_joint_distribution_through_vllm_matches_plain_decoding(chi, method, t, k, p):
     """A random EAGLE-3 head is rarely accepted here, so it exercises rejection and the
-    residual, with drafts sampled from q (the backend's default, as specroll's engine
-    drafts) and with vLLM's own default (greedy: the argmax of q, accepted with
-    p(argmax)); n-gram on the repetitive prompt is accepted often."""
+    residual, with vLLM's greedy drafts (the argmax of q, accepted with p(argmax): the
+    backend's default) and with drafts sampled from q (as specroll's engine drafts);
+    n-gram on the repetitive prompt is accepted often."""
     target, get = chi
     roll = get(method)
     assert roll.patched  # on this CPU build the backend must patch vLLM

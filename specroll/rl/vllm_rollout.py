@@ -163,10 +163,12 @@ class VllmRollout(Rollout):
     """A vLLM engine on `policy_dir` (an HF directory), speculative with `method`
     ('eagle3' on `draft_dir`, 'ngram') at depth k, or plain (None).
 
-    `draft_sample`: 'probabilistic' draws drafts from q, as specroll's engine does;
-    vLLM's own default 'greedy' proposes q's argmax (also exact, accepted with p(argmax)),
-    which accepted less of the default SmolLM2 draft (T = 1, k = 3, 16 rows: first
-    position 0.139 vs 0.211, AL 1.16 vs 1.26; specroll's engine 0.209, 1.27)."""
+    `draft_sample`: vLLM's 'greedy' (the default here too) proposes q's argmax, exact and
+    accepted with p(argmax); 'probabilistic' draws drafts from q as specroll's engine does
+    and accepts more of the default SmolLM2 draft (T = 1, k = 3, 16 rows: first position
+    0.211 vs 0.139, AL 1.26 vs 1.16; specroll's engine 0.209, 1.27), also exact (χ²), but
+    in vLLM 0.32 its draft draws do not follow the request seeds: the same seeds give
+    other tokens on another engine, so a refit cannot be checked against a fresh one."""
 
     def __init__(
         self,
@@ -179,7 +181,7 @@ class VllmRollout(Rollout):
         seed: int = 0,
         dtype: str = "float32",
         kv_cache_gib: float = 1.0,
-        draft_sample: str = "probabilistic",
+        draft_sample: str = "greedy",
         ngram_max: int = 3,
         enforce_eager: bool = True,
         patch: bool = True,
