@@ -6,7 +6,6 @@ value reaches the driver. See `rl.fsdp` for the sharding and the data parallelis
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ from specroll.rl import dcp_state
 from specroll.rl.batch import Batch
 from specroll.rl.config import TrainConfig
 from specroll.rl.fsdp import DataParallel, full_tensors, shard_policy
-from specroll.rl.learner import Learner
+from specroll.rl.learner_host import build_learner
 
 
 def _device(cfg: TrainConfig, rank: int) -> torch.device:
@@ -54,29 +53,14 @@ class RankLearner:
         policy = Transformer(model_cfg)
         policy.load_state_dict(psd)
         policy.to(device).for_training()
-        reference = None
-        if cfg.loss.kl_coef > 0:
-            reference = copy.deepcopy(policy).eval().requires_grad_(False)
-            shard_policy(reference, dtype)
         draft = None
         if dspec is not None:
             cls, draft_cfg = dspec
             draft = cls(draft_cfg, policy)  # references the policy's embedding (and head)
             draft.load_state_dict(dsd)
-        shard_policy(policy, dtype)  # before the optimizer: it steps the shards
         self.policy, self.draft, self.model_cfg = policy, draft, model_cfg
-        self.learner = Learner(
-            policy,
-            policy_cfg=cfg.policy,
-            loss_cfg=cfg.loss,
-            rollout_cfg=cfg.rollout,
-            draft=draft,
-            draft_cfg=cfg.draft,
-            reference=reference,
-            decoupled=cfg.pipeline.max_lag > 0,
-            device=device,
-            dtype=dtype,
-        )
+        shard = lambda model: shard_policy(model, dtype)  # noqa: E731
+        self.learner = build_learner(cfg, policy, draft, device, prepare=shard)
         self.learner.dp = DataParallel(rank, world)
 
     def logprobs(self, batch: Batch, emit: Callable) -> tuple[torch.Tensor, torch.Tensor | None]:

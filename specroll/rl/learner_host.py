@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,14 +40,22 @@ def build_learner(
     policy: Transformer,
     draft: TrainableDraft | None,
     device: torch.device | None = None,
+    prepare: Callable[[Transformer], None] | None = None,
 ) -> Learner:
     """The Learner of a run: policy (+ reference copy when KL is on) + online draft, on
-    `device` (default: `learner.device`, resolved here) in `learner.dtype`."""
+    `device` (default: `learner.device`, resolved here) in `learner.dtype`.
+
+    prepare: applied to the policy and the reference before the optimizer is made (an
+    FSDP rank shards them there: the optimizer must step the shards)."""
     if device is None:
         device = resolve_device(cfg.learner.device, "learner.device")
     reference = None
     if cfg.loss.kl_coef > 0:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    if prepare is not None:
+        for model in (reference, policy):
+            if model is not None:
+                prepare(model)
     return Learner(
         policy,
         policy_cfg=cfg.policy,
