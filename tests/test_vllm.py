@@ -218,6 +218,41 @@ def test_refit_in_place_equals_a_fresh_engine(tmp_path):
     assert [r.token_ids for r in plain] == [r.token_ids for r in fresh.generate_now(greedy)]
 
 
+def test_refit_on_ray_workers_equals_fresh_workers(tmp_path):
+    """`rollout.backend: ray` with `ray.worker_backend: vllm`: each of two workers starts a
+    vLLM engine on the first weights it is sent and refits in place on the next ones; the
+    refit workers then generate what workers started on the new weights generate."""
+    ray = pytest.importorskip("ray")
+    from specroll.rl.config import RayConfig, RolloutConfig
+    from specroll.rl.ray_rollout import RayRollout
+
+    old_t, new_t = _target(0), _target(1)
+    old_d, new_d = _draft(old_t, 3), _draft(new_t, 4)
+    rc = RayConfig(worker_backend="vllm", workers=2)
+    roll_cfg = RolloutConfig(k=K, depth="fixed", max_batch=16, device="cpu")
+    spec = (Eagle3Head, old_d.cfg)
+    reqs = _refit_requests()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        roll = RayRollout(rc, old_t.cfg, spec, roll_cfg, [])
+        roll.publish(0, state(old_t), state(old_d))
+        before, _ = roll.generate(reqs)
+        roll.publish(1, state(new_t), state(new_d))
+        refit, stats = roll.generate(reqs)
+        roll.close()
+        fresh = RayRollout(rc, old_t.cfg, spec, roll_cfg, [])
+        fresh.publish(1, state(new_t), state(new_d))
+        again, fresh_stats = fresh.generate(reqs)
+        fresh.close()
+    finally:
+        ray.shutdown()
+    assert all((r.policy_version, r.draft_version) == (0, 0) for r in before)
+    assert all((r.policy_version, r.draft_version) == (1, 1) for r in refit)
+    assert [r.token_ids for r in refit] != [r.token_ids for r in before]
+    _same(refit, again)
+    assert stats.drafts > 0 and stats.accepted_per_pos == fresh_stats.accepted_per_pos
+
+
 # ---------------------------------------------------------------- exactness (χ²)
 
 

