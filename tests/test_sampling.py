@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,6 +64,35 @@ def test_sampler_matches_processed_distribution():
         shifted[top] -= 0.01
         shifted[probs[0].argmin() if probs[0].min() > 0 else shifted.argsort()[-2]] += 0.01
         assert _gof_pvalue(counts, shifted) < 1e-6
+
+
+def _full_cdf_inverse(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The one-level reference: searchsorted on the whole float64 CDF."""
+    cdf = probs.double().cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+
+
+@pytest.mark.parametrize("V", [12, 256, 1000, 49152])
+def test_two_level_inversion_is_the_full_cdf_inverse(V):
+    """Across block boundaries (V = 1000: four blocks, the last one padded) the blocked
+    inversion picks what the whole-vocabulary CDF picks, draw for draw, and a zero-mass
+    token is never drawn, even with whole blocks and block ends of zero mass and
+    uniforms next to 0 and 1."""
+    g = torch.Generator().manual_seed(V)
+    n = 4096 if V <= 1000 else 512
+    probs = (torch.randn(n, V, generator=g) * 3).softmax(-1)
+    dead = torch.rand(n, V, generator=g) < 0.5
+    dead[:, 200:600] = True  # whole blocks without mass, and block ends
+    dead[:, 0] = False  # every row keeps some mass
+    probs = probs.masked_fill(dead, 0.0)
+    u = rng.uniforms(torch.arange(n), torch.zeros(n, dtype=torch.long))
+    u[:8] = torch.tensor([0.0, 1e-17, 0.5, 1 - 2**-53, 1 - 2**-52, 0.999999, 1e-9, 0.25])
+    ids = sample_from_probs(probs, u)
+    assert (probs.gather(1, ids.unsqueeze(1)) > 0).all()
+    # draw for draw (the edge uniforms aside: there the reference, clamped, may even
+    # land on a zero-mass last token), up to float64 rounding of the running sums
+    ref = _full_cdf_inverse(probs[8:], u[8:]).clamp(max=V - 1)
+    assert (ids[8:] != ref).sum() <= 1
 
 
 @settings(max_examples=60, deadline=None)

@@ -259,13 +259,23 @@ def attention_layout(
     return pos, fold_mask(mask, cfg.num_heads // cfg.num_kv_heads), key_len
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool attention mask (True = attend) as SDPA applies it: 0 where True, -inf
+    elsewhere, in `dtype` (the queries')."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """Grouped-query attention without copying K/V.
 
     q: [B, T, Hq, hd]; k, v: [B, Hkv, Lk, hd] (may be strided views of the cache);
-    mask: [B, 1, g*T, Lk] bool (True = attend), already folded by `fold_mask`.
+    mask: [B, 1, g*T, Lk] bool (True = attend), already folded by `fold_mask`, or the
+    same as an additive mask in q's dtype (0 / -inf, `additive_mask`: what SDPA turns a
+    bool mask into on every call; a forward makes it once for all its layers).
     Returns [B, T, Hq * hd].
     """
     B, T, Hq, hd = q.shape
@@ -319,7 +329,10 @@ class Block(nn.Module):
         if self.q_norm is not None:
             q = rms_norm(q, self.q_norm, eps)
             k = rms_norm(k, self.k_norm, eps)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        else:  # q and k are adjacent in qkv: one rotation of both (half the kernels)
+            qk = qkv[..., : cfg.q_size + cfg.kv_size].view(B, T, -1, cfg.head_dim)
+            q, k = apply_rotary(qk, *rope).split([cfg.num_heads, cfg.num_kv_heads], dim=2)
         if layer_cache is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, hd]
         elif isinstance(layer_cache, KeyChain):
@@ -434,6 +447,7 @@ class Transformer(nn.Module):
 
         packed = self.packed_weights()
         x = self.embed_tokens(tokens)
+        mask = additive_mask(mask, x.dtype)  # once, not in every layer's SDPA
         hidden: dict[int, torch.Tensor] = {}
         wanted = set(hidden_layers)
         if 0 in wanted:

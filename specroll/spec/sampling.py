@@ -160,16 +160,40 @@ def probs_from_logits(logits: torch.Tensor, s: RowSampling) -> torch.Tensor:
     return processed_logits(logits, s).softmax(dim=-1)
 
 
+CDF_BLOCK = 256
+"""Tokens per block of the two-level CDF inversion in `sample_from_probs`."""
+
+
 def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Invert float64 uniforms `u` ([B]) through the CDF of `probs` ([B, V]) → ids [B].
 
     The CDF is accumulated in float64 and scaled by its own total, so rounding of the
     fp32 probabilities never pushes a draw past the last token or onto a zero-mass one.
+    It is inverted in two levels: the block of `CDF_BLOCK` tokens from the cumulative
+    block masses, then the token within that one block. A full-vocabulary float64
+    cumsum is a sequential pass that cost 4 ms a step at batch 32 on SmolLM2's 49k
+    vocabulary (more than the LM head); the two levels read the vocabulary once, in a
+    vectorised reduction. The result is the same inverse CDF up to float64 rounding of
+    the running sums (the order they are added in), and a token of zero mass is never
+    drawn: within a block the running sum only rises at tokens with mass, and a target
+    that rounding leaves past a block's last running sum takes its last token with mass.
     """
-    cdf = probs.double().cumsum(dim=-1)  # [B, V]
-    target = (u * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return idx.clamp_(max=probs.shape[-1] - 1)
+    B, V = probs.shape
+    W = CDF_BLOCK
+    nb = -(-V // W)
+    blocks = probs if nb * W == V else torch.nn.functional.pad(probs, (0, nb * W - V))
+    blocks = blocks.view(B, nb, W)  # [B, nb, W]
+    cum = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [B, nb] running block mass
+    target = u * cum[:, -1]  # [B]
+    j = torch.searchsorted(cum, target.unsqueeze(1), right=True).squeeze(1).clamp_(max=nb - 1)
+    rows = torch.arange(B, device=probs.device)
+    start = torch.where(j > 0, cum[rows, (j - 1).clamp(min=0)], torch.zeros_like(target))
+    block = blocks[rows, j]  # [B, W]
+    local = block.double().cumsum(-1) + start.unsqueeze(1)  # [B, W] running mass
+    i = torch.searchsorted(local, target.unsqueeze(1), right=True).squeeze(1)
+    last_with_mass = W - 1 - (block.flip(-1) > 0).int().argmax(-1)  # [B]
+    i = torch.where(i < W, i, last_with_mass)
+    return (j * W + i).clamp_(max=V - 1)
 
 
 def sample(
