@@ -340,3 +340,35 @@ def test_the_same_test_fails_without_the_patch(chi, method):
     pv = _pvalue(counts, exact) if counts[exact == 0].sum() == 0 else 0.0
     print(f"{method} unpatched: p={pv:.3g}, TV={tv:.3f}")
     assert pv < 1e-6 and tv > 0.02
+
+
+# ---------------------------------------------------------------- bench backends
+
+
+def test_bench_backends_compares_both_engines_on_the_same_requests(tmp_path):
+    """`specroll bench backends`: both engines, plain and EAGLE-3, same requests; vLLM's
+    rows carry its acceptance from its counters, the own engine's the ratio against it."""
+    from specroll.rl.backend_bench import bench_backends
+
+    target = _target(0, std=0.15)
+    policy_dir, draft_dir = _save(tmp_path, target, _draft(target, 3))
+    report = bench_backends(
+        target,
+        _prompts(3, 1),
+        policy_dir,
+        draft_dir,
+        batches=[1, 4],
+        k=K,
+        new_tokens=8,
+        repeats=1,
+        log=lambda _: None,
+    )
+    rows = {(r["backend"], r["mode"], r["batch"]): r for r in report["rows"]}
+    assert len(rows) == 8
+    for B in (1, 4):
+        for mode in ("ar", "eagle3"):
+            assert rows[("local", mode, B)]["own_over_vllm"] > 0
+        for backend in ("local", "vllm"):
+            spec = rows[(backend, "eagle3", B)]
+            assert 1.0 < spec["acceptance_length"] <= K + 1  # the draft is accepted sometimes
+            assert len(spec["per_position"]) == K

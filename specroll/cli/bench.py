@@ -1,4 +1,4 @@
-"""`specroll bench engine | spec | profile`: measure the engine on this machine."""
+"""`specroll bench engine | spec | profile | backends`: measure the engine on this machine."""
 
 from __future__ import annotations
 
@@ -134,8 +134,43 @@ def cmd_bench_profile(args: argparse.Namespace) -> None:
         print(json.dumps({"bench": "profile", "profile": str(out), "fit_error": err}))
 
 
+def cmd_bench_backends(args: argparse.Namespace) -> None:
+    from specroll.model.hub import resolve
+    from specroll.rl.backend_bench import bench_backends, builtin_prompt_ids
+
+    model, tok = load_placed_policy(args)
+    report = bench_backends(
+        model,
+        builtin_prompt_ids(tok),
+        policy_dir=resolve(args.model),
+        draft_dir=args.draft,
+        batches=[int(b) for b in args.batches.split(",")],
+        k=args.k,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        temperature=args.temperature,
+        backends=tuple(args.backends.split(",")),
+        log=common.log,
+    )
+    table = Table(title=f"rollout backends (tok/s, median of {args.repeats}, T={args.temperature})")
+    for col in ("batch", "backend", "mode", "tok/s", "AL", "spec/AR", "own/vLLM"):
+        table.add_column(col, justify="right")
+    for r in report["rows"]:
+        cells = [r.get("acceptance_length"), r.get("speedup_vs_ar"), r.get("own_over_vllm")]
+        table.add_row(
+            str(r["batch"]),
+            r["backend"],
+            r["mode"],
+            f"{r['tok_s']:.1f}",
+            *("" if c is None else f"{c:.3f}" for c in cells),
+        )
+    common.console.print(table)
+    if args.json:
+        print(json.dumps(report))
+
+
 def add_parser(sub) -> None:
-    """bench engine | spec | profile"""
+    """bench engine | spec | profile | backends"""
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what")
     bench.required = True
     be = bench.add_parser("engine", help="engine vs transformers throughput, verify cost")
@@ -159,6 +194,18 @@ def add_parser(sub) -> None:
     add_placement_args(bs)
     bs.add_argument("--json", action="store_true", help="end with one JSON line")
     bs.set_defaults(func=cmd_bench_spec)
+    bb = bench.add_parser("backends", help="specroll's engine vs vLLM, plain and EAGLE-3")
+    bb.add_argument("--model", default="smollm2")
+    bb.add_argument("--draft", help="EAGLE-3 draft directory (without it: plain decoding only)")
+    bb.add_argument("--backends", default="local,vllm", help="comma list: local, vllm")
+    bb.add_argument("--batches", default="1,4,16,32")
+    bb.add_argument("--k", type=int, default=3, help="draft depth (fixed, every batch size)")
+    bb.add_argument("--new-tokens", type=int, default=128)
+    bb.add_argument("--temperature", type=float, default=1.0)
+    bb.add_argument("--repeats", type=int, default=3, help="rounds (median)")
+    add_placement_args(bb)
+    bb.add_argument("--json", action="store_true", help="end with one JSON line")
+    bb.set_defaults(func=cmd_bench_backends)
     bp = bench.add_parser("profile", help="measure this machine and fit the step-time model")
     bp.add_argument("--model", default="smollm2")
     bp.add_argument("--drafter", help="drafter spec for the draft/overhead terms (eagle3:PATH)")
