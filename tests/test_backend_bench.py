@@ -82,10 +82,11 @@ def test_requests_are_seeded_by_row_with_stop_tokens_off():
         (dict(backends=("sglang",)), "backends"),
         (dict(batches=[0]), "batches"),
         (dict(repeats=0), "repeats"),
+        (dict(draft_dir="/nonexistent"), "draft"),
     ],
 )
 def test_bad_settings_name_their_field(tiny, kw, field):
     target, prompts, root = tiny
-    args = dict(batches=[1], backends=("local",)) | kw
+    args = dict(batches=[1], backends=("local",), draft_dir=None) | kw
     with pytest.raises(ValueError, match=field):
-        bench_backends(target, prompts, root / "policy", None, **args)
+        bench_backends(target, prompts, root / "policy", **args)

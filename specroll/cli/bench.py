@@ -136,20 +136,28 @@ def cmd_bench_profile(args: argparse.Namespace) -> None:
 
 def cmd_bench_backends(args: argparse.Namespace) -> None:
     from specroll.model.hub import resolve
-    from specroll.rl.backend_bench import bench_backends, builtin_prompt_ids
+    from specroll.rl.backend_bench import bench_backends, builtin_prompt_ids, check_settings
 
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--batches: comma-separated batch sizes, e.g. 1,4,16,32; got {args.batches!r}"
+        ) from None
+    backends = tuple(args.backends.split(","))
+    check_settings(backends, batches, args.repeats, args.draft)  # before loading anything
     model, tok = load_placed_policy(args)
     report = bench_backends(
         model,
         builtin_prompt_ids(tok),
         policy_dir=resolve(args.model),
         draft_dir=args.draft,
-        batches=[int(b) for b in args.batches.split(",")],
+        batches=batches,
         k=args.k,
         new_tokens=args.new_tokens,
         repeats=args.repeats,
         temperature=args.temperature,
-        backends=tuple(args.backends.split(",")),
+        backends=backends,
         log=common.log,
     )
     table = Table(title=f"rollout backends (tok/s, median of {args.repeats}, T={args.temperature})")

