@@ -7,8 +7,9 @@ One module, two call patterns, one set of numerics:
   lives in cache slot b, starts at its own position `positions[b]` and appends `T` tokens
   (rows advance by different amounts; padded tail tokens are written but never attended).
 
-Both paths run the same attention function with an explicit boolean mask, so the engine's
-log-probs equal the learner's recomputation to float rounding (checked by a test).
+Both paths run the same attention function with an explicit mask (built boolean, made
+additive once per forward), so the engine's log-probs equal the learner's recomputation to
+float rounding (checked by a test).
 
 Weights are stored input-major (`[in, out]`, used as `x @ w`; with autograd this is the
 faster plain-BLAS layout for few-row products). Grad-free CPU forwards (the engine) use
