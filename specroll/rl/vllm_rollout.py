@@ -216,8 +216,13 @@ class VllmRollout(Rollout):
         }[method]
         spec = spec and dict(spec, method=method, num_speculative_tokens=k)
         self.patched = patch_expand(patch) if self.speculative else False
-        self.llm = self._start(spec)
         self._plain: Any = None  # a second, plain engine for `plain=True` (made on demand)
+        if method == "ngram":
+            # vLLM 0.32 cannot start an engine in a process where an n-gram engine has
+            # run (its numba import breaks the kernel dispatcher's module scan;
+            # docs/vllm_cpu_defects.md): the plain engine, for shadow rollouts, first
+            self._plain = self._start(None)
+        self.llm = self._start(spec)
         self._plain_policy: HfTensors | None = None  # what it must load when it is made
         self.policy_version = 0
         self.draft_version: int | None = 0 if self.speculative else None
