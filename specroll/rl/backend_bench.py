@@ -61,14 +61,11 @@ def bench_requests(
 class _Backends:
     """The rollouts under test, made on first use."""
 
-    def __init__(self, model: Transformer, policy_dir: str, draft_dir: str | None, k: int, slots):
-        self.model, self.policy_dir, self.draft_dir, self.k, self.slots = (
-            model,
-            policy_dir,
-            draft_dir,
-            k,
-            slots,
-        )
+    def __init__(
+        self, model: Transformer, policy_dir: str, draft_dir: str | None, k: int, slots: int
+    ) -> None:
+        self.model, self.policy_dir, self.draft_dir = model, policy_dir, draft_dir
+        self.k, self.slots = k, slots
         self.made: dict[tuple, Rollout] = {}
 
     def get(self, backend: str, mode: str, batch: int) -> Rollout:
@@ -82,8 +79,7 @@ class _Backends:
             from specroll.rl.vllm_rollout import VllmRollout
 
             spec = (self.draft_dir, "eagle3") if mode == "eagle3" else (None, None)
-            dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-            kw = dict(max_batch=self.slots, dtype=dtype, log=_quiet)
+            kw = dict(max_batch=self.slots, dtype=_dtype_name(self.model), log=_quiet)
             return VllmRollout(self.policy_dir, *spec, self.k, **kw)
         from specroll.drafters.build import build_drafter
         from specroll.engine.depth import FixedDepth
@@ -96,15 +92,8 @@ class _Backends:
         return LocalRollout(Engine(self.model, cfg, drafter, FixedDepth(self.k, max_batch=batch)))
 
 
-def _cold_prefix_cache(roll: Rollout) -> None:
-    """Empty vLLM's prefix cache before a timed call, as every RL step's refit does:
-    otherwise every round after the first would skip its prompts' prefill (the same
-    prompts) and time decoding against the own engine's prefill plus decoding. Rows of
-    one call still share their prompt's cached blocks (8 prompts at batch 32), as
-    GRPO's groups would."""
-    llm = getattr(roll, "llm", None)
-    if llm is not None and not llm.reset_prefix_cache():
-        raise RuntimeError("vLLM refused to reset its prefix cache")
+def _dtype_name(model: Transformer) -> str:
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
 def _quiet(_: str) -> None:
@@ -160,7 +149,11 @@ def bench_backends(
         for B in batches:
             for b, m in configs:
                 roll = made.get(b, m, B)
-                _cold_prefix_cache(roll)
+                if b == "vllm":
+                    # as every RL step's refit does: otherwise each round after the first
+                    # would skip its prompts' prefill, which the own engine pays (rows of
+                    # one call still share their prompt's blocks, as GRPO groups would)
+                    roll.empty_prefix_cache()
                 synchronize(device)
                 t0 = time.perf_counter()
                 out, st = roll.generate(reqs[B])
@@ -193,20 +186,16 @@ def bench_backends(
                         3,
                     ),
                 }
+            if b == "local" and "vllm" in backends:  # against vLLM, same mode, per round
+                theirs = tok_s[("vllm", m, B)]
+                ratios = (o / v for o, v in zip(tok_s[key], theirs, strict=True))
+                row["own_over_vllm"] = round(statistics.median(ratios), 3)
             rows.append(row)
-    for B in batches:  # the own engine against vLLM, same mode, per round
-        for m in modes:
-            if set(backends) == set(BACKENDS):
-                own, theirs = tok_s[("local", m, B)], tok_s[("vllm", m, B)]
-                ratio = statistics.median(o / v for o, v in zip(own, theirs, strict=True))
-                for row in rows:
-                    if (row["backend"], row["mode"], row["batch"]) == ("local", m, B):
-                        row["own_over_vllm"] = round(ratio, 3)
     return {
         "bench": "backends",
         "config": {
             "device": str(device),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "dtype": _dtype_name(model),
             "threads": torch.get_num_threads(),
             "ld_preload": os.environ.get("LD_PRELOAD", ""),
             "vllm_prefix_cache": "emptied before every timed call",

@@ -159,6 +159,11 @@ def request_stats(m: Any, k: int, n_tokens: int) -> SpecStats:
     return s
 
 
+def _reset_prefix_cache(llm: Any) -> None:
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM refused to reset its prefix cache (requests running?)")
+
+
 class VllmRollout(Rollout):
     """A vLLM engine on `policy_dir` (an HF directory), speculative with `method`
     ('eagle3' on `draft_dir`, 'ngram') at depth k, or plain (None).
@@ -260,8 +265,14 @@ class VllmRollout(Rollout):
             llm.collective_rpc(_repack_tied_head)
         if draft is not None:
             llm.collective_rpc(_reload_draft, args=(draft,))
-        if not llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache (requests running?)")
+        _reset_prefix_cache(llm)
+
+    def empty_prefix_cache(self) -> None:
+        """Drop every engine's cached prompt blocks (what each refit does), e.g. so that
+        a benchmark times prefill in every call, not only in the first."""
+        for llm in (self.llm, self._plain):
+            if llm is not None:
+                _reset_prefix_cache(llm)
 
     @torch.no_grad()
     def publish(self, version: int, policy: State, draft: State | None) -> None:
