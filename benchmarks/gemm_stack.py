@@ -7,7 +7,8 @@ the GEMMs are most of the forward. This script times exactly that part in isolat
 plus the LM head) with *distinct* weights, so they stream from DRAM as in the engine,
 for M = 1, 4, 16 rows and each available kernel:
 
-  * onednn  - oneDNN-prepacked weights (`_linear_pointwise`), the engine's path;
+  * onednn  - oneDNN-prepacked weights (`_linear_pointwise`), the engine's path off Intel;
+  * mkl     - MKL-packed weights (`_mkl_linear`), the engine's path on Intel CPUs;
   * mm      - plain `x @ w` (MKL / OpenBLAS sgemm);
   * inductor (with --inductor) - torch.compile max-autotune with freezing, which may pick
     its own C++ GEMM template (AVX-512 micro-kernels) per shape when faster.
@@ -29,6 +30,7 @@ import json
 import torch
 
 from specroll.engine.bench import median_time
+from specroll.model import packed as packing
 from specroll.sim.catalogue import model_spec
 
 ROWS = (1, 4, 16)
@@ -71,6 +73,11 @@ def main() -> None:
         ],
         "mm": lambda M: [xs[M][K] @ w for (K, _), w in zip(shapes, ws, strict=True)],
     }
+    if packing._mkl_available():
+        mkl = [packing.pack(w, "mkl") for w in ws]
+        kernels["mkl"] = lambda M: [
+            packing.packed_mm(xs[M][K], w, p) for (K, _), w, p in zip(shapes, ws, mkl, strict=True)
+        ]
     if args.inductor:
         import torch._inductor.config as ic
 

@@ -29,12 +29,12 @@ from torch import nn
 from specroll.drafters.base import FeatureDrafter
 from specroll.drafters.ttt import Unroll
 from specroll.model.config import ModelConfig
+from specroll.model.packed import PackedWeights
+from specroll.model.packed import packed_mm as _mm
 from specroll.model.transformer import (
     KVCache,
-    PackedWeights,
     Rotary,
     Transformer,
-    _mm,
     apply_rotary,
     attention,
     attention_layout,

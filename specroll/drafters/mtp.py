@@ -38,12 +38,12 @@ from torch import nn
 from specroll.drafters.base import FeatureDrafter
 from specroll.drafters.ttt import Unroll
 from specroll.model.config import ModelConfig
+from specroll.model.packed import packed_mm as _mm
 from specroll.model.transformer import (
     Block,
     KVCache,
     Rotary,
     Transformer,
-    _mm,
     attention_layout,
     rms_norm,
 )

@@ -13,9 +13,9 @@ float rounding (checked by a test).
 
 Weights are stored input-major (`[in, out]`, used as `x @ w`; with autograd this is the
 faster plain-BLAS layout for few-row products). Grad-free CPU forwards (the engine) use
-oneDNN-prepacked copies instead: a packed product of a few rows costs about what one
-row costs, and about half of what `F.linear` takes on SmolLM2's shapes, which is what
-makes verifying k draft tokens cheap (`specroll bench engine`, field `verify_cost`, and
+prepacked copies instead (MKL on Intel CPUs, oneDNN elsewhere: `specroll.model.packed`):
+a packed product of a few rows costs about what one row costs, which is what makes
+verifying k draft tokens cheap (`specroll bench engine`, field `verify_cost`, and
 `benchmarks/gemm_stack.py` measure it on the machine at hand). The packed copies are
 rebuilt automatically whenever a weight changes (tracked by tensor version counters).
 GQA is computed by folding the query heads that share a KV head into the query-length
@@ -30,77 +30,19 @@ the CPU has native bf16 (AVX-512 BF16 / AMX), faster there than a plain bf16 mat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specroll.model.config import ModelConfig, rope_inv_freq
+from specroll.model.packed import PackedWeights
+from specroll.model.packed import packed_mm as _mm
 
 MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 """A block's weight matrices, stored [in, out] (HF stores [out, in]); what gets prepacked."""
-
-
-def _can_pack(w: torch.Tensor) -> bool:
-    """Whether oneDNN prepacking applies to weight `w`: a CPU tensor in fp32, or in bf16
-    where the CPU has native bf16 (there the packed bf16 product beats a plain bf16
-    matmul at 1-4 rows, the verification sizes; `specroll bench engine --dtype bfloat16`)."""
-    if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-        return False
-    if w.dtype == torch.float32:
-        return True
-    return w.dtype == torch.bfloat16 and _bf16_native()
-
-
-def _bf16_native() -> bool:
-    """oneDNN has native bf16 kernels on this CPU (AVX-512 BF16 / AMX)."""
-    is_supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return bool(is_supported is not None and is_supported())
-
-
-def _pack(w: torch.Tensor) -> torch.Tensor:
-    """oneDNN-prepacked copy of an `[in, out]` weight (opaque layout, grad-free use)."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.detach().T.contiguous())
-
-
-class PackedWeights:
-    """oneDNN-prepacked copies of a module's weights, rebuilt whenever any weight changes.
-
-    Staleness is detected from each tensor's (data_ptr, version counter): an optimizer
-    step (in place) or a weight load (new tensors) both invalidate the copies, so an
-    engine never generates with weights older than the module's.
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._value: Any = None
-
-    def __deepcopy__(self, memo: dict) -> PackedWeights:
-        return PackedWeights()  # opaque oneDNN tensors cannot be copied; a copy repacks
-
-    def get(self, weights: list[torch.Tensor], arrange: Callable[[list[torch.Tensor]], Any]):
-        """arrange(packed copies of `weights`, same order), or None when packing does not
-        apply: autograd recording, or not an fp32 CPU tensor with oneDNN available."""
-        if torch.is_grad_enabled() or not _can_pack(weights[0]):
-            return None
-        key = tuple((w.data_ptr(), w._version) for w in weights)
-        if key != self._key:
-            self._value = None  # release the stale copies before building new ones
-            self._value = arrange([_pack(w) for w in weights])
-            self._key = key
-        return self._value
-
-
-def _mm(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """x @ w, through the prepacked copy when one is given."""
-    if packed is None:
-        return x @ w
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
