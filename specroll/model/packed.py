@@ -64,8 +64,10 @@ def _onednn_available() -> bool:
     )
 
 
+@functools.cache
 def _cpu_vendor() -> str:
-    """The `vendor_id` of /proc/cpuinfo ("GenuineIntel", "AuthenticAMD"), or ""."""
+    """The `vendor_id` of /proc/cpuinfo ("GenuineIntel", "AuthenticAMD"), or "" (read once:
+    `cpu_gemm` runs on every packed forward)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
