@@ -233,7 +233,6 @@ class Eagle3Head(nn.Module):
             raise ValueError("Eagle3Head has no token embedding: call set_embedding(target)")
         cfg, c = self.cfg, self.cfg.layer
         B, T = tokens.shape
-        dev = tokens.device
         if cache is not None:
             shape = (1, cache.num_slots, c.num_kv_heads, cache.max_len, c.head_dim)
             if tuple(cache.k.shape) != shape:
@@ -260,12 +259,9 @@ class Eagle3Head(nn.Module):
             keys, values = unroll.chain.extend(k, v)
         elif cache is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, hd]
-        else:
-            rows = slice(slot_start, slot_start + B)
-            ck, cv = cache.k[0, rows], cache.v[0, rows]  # [B, Hkv, max_len, hd] views
-            r = torch.arange(B, device=dev).unsqueeze(1).expand(B, T)
-            ck[r, :, pos], cv[r, :, pos] = k, v
-            keys, values = ck[:, :, :cache_len], cv[:, :, :cache_len]
+        else:  # each row writes its T tokens at its own positions
+            layer = cache.layer(0, slot_start, cache.write_index(pos))
+            keys, values = layer.write(k, v, cache_len)
         o = attention(q, keys, values, mask, c.head_dim**-0.5)  # [B, T, q]
         x = residual + _mm(o, self.wo, pk.get("wo"))  # [B, T, H]
         h = rms_norm(x, self.post_attention_layernorm, eps)

@@ -42,6 +42,7 @@ from specroll.model.packed import packed_mm as _mm
 from specroll.model.transformer import (
     Block,
     KVCache,
+    LayerKV,
     Rotary,
     Transformer,
     attention_layout,
@@ -105,7 +106,7 @@ class MTPHead(nn.Module):
         pos: torch.Tensor,
         mask: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        layer_cache: tuple[torch.Tensor, torch.Tensor] | None,
+        layer_cache: LayerKV | None,
         cache_len: int,
         shared_norm: torch.Tensor,
         head: torch.Tensor,
@@ -210,8 +211,7 @@ class MTPDraft(nn.Module):
         if unroll is not None:  # training-time test step (see drafters.ttt)
             pos, mask, layer_cache = unroll.pos, unroll.mask, unroll.chain
         elif cache is not None:
-            rows = slice(slot_start, slot_start + B)
-            layer_cache = (cache.k[j, rows], cache.v[j, rows])
+            layer_cache = cache.layer(j, slot_start, cache.write_index(pos))
         t = self.target
         packed = t.packed_weights()  # the LM head prepacked for grad-free CPU forwards
         return self.heads[j](
