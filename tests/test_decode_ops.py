@@ -76,3 +76,62 @@ def test_cache_write_puts_each_rows_tokens_at_its_own_positions():
         written[1, 2 + b, :, pos[b]] = True
     assert (cache.k[~written] == 0).all() and (cache.v[~written] == 0).all()  # nothing else
     assert torch.equal(keys, cache.k[1, 2:5, :, :12])
+
+
+def _decode_run(model, scripted):
+    """Prefill 3 rows at their own lengths, then decode and verify steps; every output."""
+    from specroll.model import decode
+
+    decode.set_scripted(scripted)
+    try:
+        g = torch.Generator().manual_seed(3)
+        cache = KVCache(model.cfg, num_slots=4, max_len=40)
+        outs = []
+        with torch.no_grad():
+            prompt = torch.randint(0, 97, (3, 9), generator=g)
+            o = model(prompt, positions=torch.zeros(3, dtype=torch.long), cache=cache)
+            outs.append(o.logits)
+            pos = torch.tensor([9, 7, 8])
+            for T in (1, 1, 3, 1, 4):  # decode steps and verification forwards
+                tokens = torch.randint(0, 97, (3, T), generator=g)
+                o = model(tokens, positions=pos, cache=cache, hidden_layers=(0, 1, 2))
+                outs += [o.logits, *(o.hidden[i] for i in (0, 1, 2))]
+                pos = pos + T
+        return outs, cache
+    finally:
+        decode.set_scripted(True)
+
+
+def test_scripted_decode_layers_equal_the_eager_loop_bit_for_bit():
+    from specroll.model.packed import GEMMS, set_cpu_gemm
+    from specroll.model.transformer import Transformer
+
+    cfg = ModelConfig(vocab_size=97, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    model = Transformer(cfg).init_weights(seed=4).eval()
+    try:
+        for gemm in GEMMS:  # both packed kernels the scripted loop calls
+            set_cpu_gemm(gemm)
+            eager, eager_cache = _decode_run(model, scripted=False)
+            for _ in range(3):  # past TorchScript's profiling runs, too
+                ours, cache = _decode_run(model, scripted=True)
+                assert all(torch.equal(a, b) for a, b in zip(ours, eager, strict=True)), gemm
+                assert torch.equal(cache.k, eager_cache.k) and torch.equal(cache.v, eager_cache.v)
+    finally:
+        set_cpu_gemm(None)
+
+
+def test_scripted_layers_serve_only_what_they_implement():
+    from specroll.model import decode
+    from specroll.model.transformer import Transformer
+
+    base = dict(vocab_size=97, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    llama = Transformer(ModelConfig(**base)).init_weights().eval()
+    x = torch.zeros(1, 1, 64)
+    with torch.no_grad():
+        packed = llama.packed_weights()
+        assert decode.applies(llama, x, packed)
+        assert not decode.applies(llama, x.bfloat16(), packed)  # bf16 norms differ: eager
+        for extra in (dict(qk_norm=True), dict(attention_bias=True)):  # Qwen3 / Qwen2 layers
+            other = Transformer(ModelConfig(**base, **extra)).init_weights().eval()
+            assert not decode.applies(other, x, other.packed_weights())
+    assert not decode.applies(llama, x, packed)  # autograd on: the learner's eager path

@@ -19,7 +19,9 @@ verifying k draft tokens cheap (`specroll bench engine`, field `verify_cost`, an
 `benchmarks/gemm_stack.py` measure it on the machine at hand). The packed copies are
 rebuilt automatically whenever a weight changes (tracked by tensor version counters).
 GQA is computed by folding the query heads that share a KV head into the query-length
-axis, so keys and values are never copied.
+axis, so keys and values are never copied. The engine's fp32 CPU forward runs the same
+layer ops as one TorchScript function (`specroll.model.decode`: no Python between the
+kernels, the eager loop's result bit for bit).
 
 Dtypes: the weights, activations and KV cache are in the weights' dtype (fp32, or bf16
 for a bf16 engine: `weights.for_inference`); RoPE tables stay fp32 and the rotation is
@@ -38,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specroll.model import decode
 from specroll.model.config import ModelConfig, rope_inv_freq
 from specroll.model.packed import PackedWeights
 from specroll.model.packed import packed_mm as _mm
@@ -437,11 +440,18 @@ class Transformer(nn.Module):
         if 0 in wanted:
             hidden[0] = x
         index = None if cache is None else cache.write_index(pos)  # once for all layers
-        for i, layer in enumerate(self.layers):
-            lc = None if cache is None else cache.layer(i, slot_start, index)
-            x = layer(x, pos, mask, rope, lc, cache_len, packed and packed[i])
-            if i + 1 in wanted:
-                hidden[i + 1] = x
+        if cache is not None and decode.applies(self, x, packed):
+            # the same ops without Python in between: the engine's CPU forward
+            x, states = decode.run(
+                self, x, mask, rope, cache, index, slot_start, cache_len, packed, wanted
+            )
+            hidden |= states
+        else:
+            for i, layer in enumerate(self.layers):
+                lc = None if cache is None else cache.layer(i, slot_start, index)
+                x = layer(x, pos, mask, rope, lc, cache_len, packed and packed[i])
+                if i + 1 in wanted:
+                    hidden[i + 1] = x
         if not return_logits:
             return ModelOutput(None, hidden)
         if logits_index is not None:
