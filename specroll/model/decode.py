@@ -4,9 +4,11 @@ A decode step of a small model on a CPU is mostly fixed costs: SmolLM2's 30 laye
 about 25 ATen calls each, and on a 2-core machine the Python around each call (binding,
 argument parsing, the module code) costs about as much as the small kernels themselves.
 Running the layer loop as one scripted function keeps the same ATen calls, in the same
-order on the same tensors, so the result is the eager forward's bit for bit (tests check
-it), and takes 0.81 / 0.81 / 0.90 / 0.91x the eager forward's time at batch 1 / 4 / 16
-/ 32 (SmolLM2, fp32, 2-core AMD EPYC, medians of interleaved forwards in one process).
+order on the same tensors — it calls transformer.py's own `rms_norm`, `apply_rotary` and
+`attention`, and repeats only `Block.forward`'s sequence of them — so the result is the
+eager forward's bit for bit (a test checks it, for both packed kernels). It takes
+0.83-0.86x the eager forward's time at batch 1 and 4 and 0.85-0.91x at batch 16 and 32
+(SmolLM2, fp32, 2-core AMD EPYC, medians of interleaved forwards in one process).
 
 It serves the grad-free fp32 CPU forward with a KV cache and packed weights (the engine's
 prefill, decode and verification), for layers without a qkv bias or q/k norms (Llama,
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, List, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from specroll.model import transformer as tf  # its layer ops (circular: used at run time)
 from specroll.model.packed import MklPacked
 
 if TYPE_CHECKING:
@@ -39,12 +42,20 @@ def set_scripted(enabled: bool) -> None:
     _enabled = enabled
 
 
+def _product(x: torch.Tensor, w: torch.Tensor, original: Optional[torch.Tensor], rows: int):
+    """`packed.packed_mm` on a oneDNN-packed weight, or on an MKL buffer and its original."""
+    if original is not None:
+        return torch.ops.mkl._mkl_linear(x, w, original, None, rows)
+    none: List[Optional[Union[int, float, complex]]] = []
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", none, "")
+
+
 def _layers(
     x: torch.Tensor,
     attn_norm: List[torch.Tensor],
     mlp_norm: List[torch.Tensor],
     weights: List[List[torch.Tensor]],
-    mkl_weights: List[List[torch.Tensor]],
+    originals: List[List[Optional[torch.Tensor]]],
     keys: List[torch.Tensor],
     values: List[torch.Tensor],
     index: torch.Tensor,
@@ -60,54 +71,32 @@ def _layers(
 ) -> List[torch.Tensor]:
     """Block.forward for every layer (same ops, same order); returns [x, states after
     each layer in `wanted`]. weights[i] = packed (wqkv, wo, w_gate_up, w_down) of layer i:
-    oneDNN tensors, or MKL buffers with `mkl_weights[i]` their [out, in] originals."""
+    oneDNN tensors, or MKL buffers with `originals[i]` their [out, in] originals (else
+    None)."""
     B, T = x.size(0), x.size(1)
-    g = num_heads // num_kv_heads
     q_kv = (num_heads + num_kv_heads) * head_dim
     kv = num_kv_heads * head_dim
     rows = B * T
     scale = head_dim**-0.5
-    none: List[Optional[Union[int, float, complex]]] = []
     out: List[torch.Tensor] = [x]
-    use_mkl = len(mkl_weights) > 0
     for i in range(len(weights)):
-        w = weights[i]
-        h = (x * torch.mean(x * x, -1, keepdim=True).add_(eps).rsqrt_()).mul_(attn_norm[i])
-        if use_mkl:
-            qkv = torch.ops.mkl._mkl_linear(h, w[0], mkl_weights[i][0], None, rows)
-        else:
-            qkv = torch.ops.mkldnn._linear_pointwise(h, w[0], None, "none", none, "")
+        w, o_w = weights[i], originals[i]
+        h = tf.rms_norm(x, attn_norm[i], eps)
+        qkv = _product(h, w[0], o_w[0], rows)
         v = qkv.narrow(-1, q_kv, kv).view(B, T, num_kv_heads, head_dim)
         qk = qkv.narrow(-1, 0, q_kv).view(B, T, num_heads + num_kv_heads, head_dim)
-        qk = torch.roll(qk, head_dim // 2, -1).mul_(sin).add_(qk * cos)
+        qk = tf.apply_rotary(qk, cos, sin)
         q, k = qk.narrow(2, 0, num_heads), qk.narrow(2, num_heads, num_kv_heads)
-        keys[i].view(-1, head_dim).index_put_([index], k)
+        keys[i].view(-1, head_dim).index_put_([index], k)  # LayerKV.write
         values[i].view(-1, head_dim).index_put_([index], v)
-        qf = q.view(B, T, num_kv_heads, g, head_dim).permute(0, 2, 3, 1, 4)
-        o = F.scaled_dot_product_attention(
-            qf.reshape(B, num_kv_heads, g * T, head_dim),
-            keys[i].narrow(2, 0, cache_len),
-            values[i].narrow(2, 0, cache_len),
-            attn_mask=mask,
-            scale=scale,
-        )
-        o = o.view(B, num_kv_heads, g, T, head_dim).permute(0, 3, 1, 2, 4)
-        o = o.reshape(B, T, num_heads * head_dim)
-        if use_mkl:
-            x = x + torch.ops.mkl._mkl_linear(o, w[1], mkl_weights[i][1], None, rows)
-        else:
-            x = x + torch.ops.mkldnn._linear_pointwise(o, w[1], None, "none", none, "")
-        h = (x * torch.mean(x * x, -1, keepdim=True).add_(eps).rsqrt_()).mul_(mlp_norm[i])
-        if use_mkl:
-            gu = torch.ops.mkl._mkl_linear(h, w[2], mkl_weights[i][2], None, rows)
-        else:
-            gu = torch.ops.mkldnn._linear_pointwise(h, w[2], None, "none", none, "")
+        k_seen, v_seen = keys[i].narrow(2, 0, cache_len), values[i].narrow(2, 0, cache_len)
+        o = tf.attention(q, k_seen, v_seen, mask, scale)
+        x = x + _product(o, w[1], o_w[1], rows)
+        h = tf.rms_norm(x, mlp_norm[i], eps)
+        gu = _product(h, w[2], o_w[2], rows)
         gate, up = gu.chunk(2, -1)
         a = F.silu(gate) * up
-        if use_mkl:
-            x = x + torch.ops.mkl._mkl_linear(a, w[3], mkl_weights[i][3], None, rows)
-        else:
-            x = x + torch.ops.mkldnn._linear_pointwise(a, w[3], None, "none", none, "")
+        x = x + _product(a, w[3], o_w[3], rows)
         if i + 1 in wanted:
             out.append(x)
     out[0] = x
@@ -162,7 +151,7 @@ def run(
     layers = packed[: cfg.num_layers]
     mkl = isinstance(layers[0]["wqkv"], MklPacked)
     weights = [[p[n].buffer if mkl else p[n] for n in names] for p in layers]
-    originals = [[p[n].weight_t for n in names] for p in layers] if mkl else []
+    originals = [[p[n].weight_t if mkl else None for n in names] for p in layers]
     order = sorted(i for i in wanted if 1 <= i <= cfg.num_layers)
     out = _scripted()(
         x,

@@ -195,10 +195,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     rotate_half(x) * sin = [-x2, x1] * [s, s] = roll(x, hd/2) * [-s, s]: the sign lives in
     Rotary's table, so this is transformers' arithmetic bit for bit, in 4 kernels, not 6.
     A bf16 x is rotated in fp32 and rounded back once (fp32 x: unchanged numerics)."""
-    if x.dtype != cos.dtype:
-        return apply_rotary(x.float(), cos, sin).to(x.dtype)
+    xf = x.to(cos.dtype)  # fp32: x itself
     # sin needs no grad, so roll's output is not saved for backward: in place is safe
-    return torch.roll(x, x.shape[-1] // 2, -1).mul_(sin).add_(x * cos)
+    return torch.roll(xf, xf.shape[-1] // 2, -1).mul_(sin).add_(xf * cos).to(x.dtype)
 
 
 def fold_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
