@@ -147,11 +147,10 @@ def run(
     cfg = model.cfg
     B = x.shape[0]
     rows = slice(slot_start, slot_start + B)
-    names = ("wqkv", "wo", "w_gate_up", "w_down")
     layers = packed[: cfg.num_layers]
     mkl = isinstance(layers[0]["wqkv"], MklPacked)
-    weights = [[p[n].buffer if mkl else p[n] for n in names] for p in layers]
-    originals = [[p[n].weight_t if mkl else None for n in names] for p in layers]
+    weights = [[p[n].buffer if mkl else p[n] for n in tf.MATRICES] for p in layers]
+    originals = [[p[n].weight_t if mkl else None for n in tf.MATRICES] for p in layers]
     order = sorted(i for i in wanted if 1 <= i <= cfg.num_layers)
     out = _scripted()(
         x,
