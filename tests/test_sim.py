@@ -177,3 +177,29 @@ def test_workload_draws_are_the_stream_they_were_calibrated_on(n):
         g = torch.Generator().manual_seed(seed)
         want = torch.randn(n, generator=g, dtype=torch.float64).numpy()
         assert np.allclose(standard_normal(n, seed), want, rtol=0, atol=1e-14)
+
+
+def test_sim_imports_only_numpy_stdlib_and_itself():
+    """`sim` is a numpy leaf: the `simulate` command (argparse, rich) and its plots
+    (matplotlib) live in specroll/cli, so nothing under specroll/sim imports them."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    import specroll.sim
+
+    bad = []
+    for path in sorted(Path(specroll.sim.__path__[0]).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                ok = top in ("numpy", "__future__") or name.startswith("specroll.sim")
+                if not ok and (top not in sys.stdlib_module_names or top == "argparse"):
+                    bad.append(f"{path.name}:{node.lineno} imports {name}")
+    assert not bad, "\n".join(bad)

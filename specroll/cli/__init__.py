@@ -12,7 +12,7 @@ import argparse
 
 from rich.text import Text
 
-from specroll.cli import bench, common, draft, generate, train
+from specroll.cli import bench, common, draft, generate, simulate, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,9 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parser(sub)
     bench.add_parser(sub)
     train.add_parser(sub)
-    from specroll.sim.command import add_parser as add_simulate
-
-    add_simulate(sub)
+    simulate.add_parser(sub)
     draft.add_parser(sub)
     return p
 

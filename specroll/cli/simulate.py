@@ -14,6 +14,9 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from specroll.sim.catalogue import hardware_spec, model_spec
 from specroll.sim.costmodel import CostModel
 from specroll.sim.presets import PRESETS, preset
@@ -153,9 +156,6 @@ def best_k_by_batch(sim: RLSim, ctx: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     sim = build(args)
     res = sim.run()
     ctx = sim.workload.prompt_len + res["mean_len"] / 2
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> None:
     if not args.no_sweep:
         out["sweep"] = sweep(sim)
     if args.plots:
-        from specroll.sim.plots import heatmap, trace
+        from specroll.cli.sim_plots import heatmap, trace
 
         d = Path(args.plots)
         d.mkdir(parents=True, exist_ok=True)
