@@ -156,9 +156,6 @@ class PlainProgress:
     def advance(self, task_id: int, advance: float = 1) -> None:
         self.update(task_id, advance=advance)
 
-    def remove_task(self, task_id: int) -> None:
-        self._end(task_id)
-
     def _end(self, task_id: int) -> None:
         task = self._tasks[task_id]
         if task.finished:
