@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from specroll.cli.common import load_policy
 from specroll.drafters.ttt import loss_mask
-from specroll.model.transformer import attention, fold_mask
+from specroll.model.ops import attention, fold_mask
 from specroll.rl.batch import Batch
 from specroll.rl.config import build_config
 from specroll.rl.draft import build_draft

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from specroll.model import KVCache, ModelConfig
-from specroll.model.transformer import Rotary, apply_rotary, rms_norm
+from specroll.model.ops import Rotary, apply_rotary, rms_norm
 
 
 def _rotate_half_reference(x, cos, sin):

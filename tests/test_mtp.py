@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 from specroll.drafters.mtp import MTPConfig, MTPDraft
 from specroll.drafters.mtp_io import load_mtp, load_native_mtp, save_mtp
 from specroll.model.config import ModelConfig
-from specroll.model.transformer import KVCache, Transformer
+from specroll.model.kv_cache import KVCache
+from specroll.model.transformer import Transformer
 
 CFG = ModelConfig(
     model_type="qwen3",

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from specroll.drafters.base import DraftBatch, Drafter, Proposal
-from specroll.model.transformer import KVCache, Transformer
+from specroll.model.kv_cache import KVCache
+from specroll.model.transformer import Transformer
 from specroll.spec import rng
 from specroll.spec.sampling import probs_from_logits, sample_from_probs
 

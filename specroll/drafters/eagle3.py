@@ -29,17 +29,11 @@ from torch import nn
 from specroll.drafters.base import FeatureDrafter
 from specroll.drafters.ttt import Unroll
 from specroll.model.config import ModelConfig
+from specroll.model.kv_cache import KVCache
+from specroll.model.ops import Rotary, apply_rotary, attention, attention_layout, rms_norm
 from specroll.model.packed import PackedWeights
 from specroll.model.packed import packed_mm as _mm
-from specroll.model.transformer import (
-    KVCache,
-    Rotary,
-    Transformer,
-    apply_rotary,
-    attention,
-    attention_layout,
-    rms_norm,
-)
+from specroll.model.transformer import Transformer
 
 Embed = Callable[[torch.Tensor], torch.Tensor]
 MATRICES = ("fc", "wqkv", "wo", "w_gate_up", "w_down", "lm_head")

@@ -38,16 +38,10 @@ from torch import nn
 from specroll.drafters.base import FeatureDrafter
 from specroll.drafters.ttt import Unroll
 from specroll.model.config import ModelConfig
+from specroll.model.kv_cache import KVCache, LayerKV
+from specroll.model.ops import Rotary, attention_layout, rms_norm
 from specroll.model.packed import packed_mm as _mm
-from specroll.model.transformer import (
-    Block,
-    KVCache,
-    LayerKV,
-    Rotary,
-    Transformer,
-    attention_layout,
-    rms_norm,
-)
+from specroll.model.transformer import Block, Transformer
 
 MATRICES = ("eh_proj", "wqkv", "wo", "w_gate_up", "w_down")  # stored [in, out]; HF [out, in]
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specroll.model.transformer import KeyChain, fold_mask
+from specroll.model.kv_cache import KeyChain
+from specroll.model.ops import fold_mask
 
 Run = Callable[..., tuple[torch.Tensor | None, torch.Tensor]]
 """run(tokens [B, T'], hidden [B, T', H], unroll=Unroll) -> (_, state [B, T', H])."""

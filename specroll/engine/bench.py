@@ -24,7 +24,8 @@ from specroll.drafters.base import Drafter
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.prompts import BUILTIN_PROMPTS
 from specroll.engine.request import Request, SamplingParams
-from specroll.model.transformer import KVCache, Transformer
+from specroll.model.kv_cache import KVCache
+from specroll.model.transformer import Transformer
 
 
 def median_time(

@@ -42,7 +42,8 @@ from specroll.drafters.base import DraftBatch, Drafter
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.request import Request, Result, Results
 from specroll.engine.slots import CONTEXT, LENGTH, NONE, STOP, Slots
-from specroll.model.transformer import KVCache, Transformer
+from specroll.model.kv_cache import KVCache
+from specroll.model.transformer import Transformer
 from specroll.model.weights import load_state
 from specroll.spec import rng
 from specroll.spec.metrics import CollapseDetector, SpecStats

@@ -22,7 +22,8 @@ from specroll.drafters.base import Drafter
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
-from specroll.model.transformer import KVCache, Transformer
+from specroll.model.kv_cache import KVCache
+from specroll.model.transformer import Transformer
 from specroll.sim.costmodel import CostModel, fit_features, fit_linear, fit_target
 
 FORMAT = 2

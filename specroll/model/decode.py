@@ -1,14 +1,13 @@
 """The engine's decoder layers as one TorchScript function: a CPU decode step without Python.
 
-A decode step of a small model on a CPU is mostly fixed costs: SmolLM2's 30 layers run
-about 25 ATen calls each, and on a 2-core machine the Python around each call (binding,
-argument parsing, the module code) costs about as much as the small kernels themselves.
-Running the layer loop as one scripted function keeps the same ATen calls, in the same
-order on the same tensors — it calls transformer.py's own `rms_norm`, `apply_rotary` and
-`attention`, and repeats only `Block.forward`'s sequence of them — so the result is the
-eager forward's bit for bit (a test checks it, for both packed kernels). It takes
-0.83-0.86x the eager forward's time at batch 1 and 4 and 0.85-0.91x at batch 16 and 32
-(SmolLM2, fp32, 2-core AMD EPYC, medians of interleaved forwards in one process).
+A decode step of a small model on a CPU is mostly fixed costs: each layer runs some 25
+small ATen calls, and the Python around each call (binding, argument parsing, the module
+code) weighs about as much as the kernels themselves. Running the layer loop as one
+scripted function keeps the same ATen calls, in the same order on the same tensors — it
+calls `specroll.model.ops`' own `rms_norm`, `apply_rotary` and `attention`, and repeats
+only `transformer.Block.forward`'s sequence of them — so the result is the eager
+forward's bit for bit (a test checks it, for both packed kernels;
+`benchmarks/decode_forward.py` times the two).
 
 It serves the grad-free fp32 CPU forward with a KV cache and packed weights (the engine's
 prefill, decode and verification), for layers without a qkv bias or q/k norms (Llama,
@@ -22,16 +21,15 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING, List, Optional, Union
+from typing import List, Optional, Union
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from specroll.model import transformer as tf  # its layer ops (circular: used at run time)
+from specroll.model import ops
+from specroll.model.kv_cache import KVCache
 from specroll.model.packed import MklPacked
-
-if TYPE_CHECKING:
-    from specroll.model.transformer import KVCache, Transformer
 
 _enabled = True
 
@@ -81,18 +79,18 @@ def _layers(
     out: List[torch.Tensor] = [x]
     for i in range(len(weights)):
         w, o_w = weights[i], originals[i]
-        h = tf.rms_norm(x, attn_norm[i], eps)
+        h = ops.rms_norm(x, attn_norm[i], eps)
         qkv = _product(h, w[0], o_w[0], rows)
         v = qkv.narrow(-1, q_kv, kv).view(B, T, num_kv_heads, head_dim)
         qk = qkv.narrow(-1, 0, q_kv).view(B, T, num_heads + num_kv_heads, head_dim)
-        qk = tf.apply_rotary(qk, cos, sin)
+        qk = ops.apply_rotary(qk, cos, sin)
         q, k = qk.narrow(2, 0, num_heads), qk.narrow(2, num_heads, num_kv_heads)
         keys[i].view(-1, head_dim).index_put_([index], k)  # LayerKV.write
         values[i].view(-1, head_dim).index_put_([index], v)
         k_seen, v_seen = keys[i].narrow(2, 0, cache_len), values[i].narrow(2, 0, cache_len)
-        o = tf.attention(q, k_seen, v_seen, mask, scale)
+        o = ops.attention(q, k_seen, v_seen, mask, scale)
         x = x + _product(o, w[1], o_w[1], rows)
-        h = tf.rms_norm(x, mlp_norm[i], eps)
+        h = ops.rms_norm(x, mlp_norm[i], eps)
         gu = _product(h, w[2], o_w[2], rows)
         gate, up = gu.chunk(2, -1)
         a = F.silu(gate) * up
@@ -115,8 +113,9 @@ def _scripted():
         return None
 
 
-def applies(model: Transformer, x: torch.Tensor, packed: list | None) -> bool:
-    """Whether `run` serves this forward (see the module docstring)."""
+def applies(model: nn.Module, x: torch.Tensor, packed: list | None) -> bool:
+    """Whether `run` serves this forward of `model` (a `transformer.Transformer`; see the
+    module docstring)."""
     cfg = model.cfg
     return (
         _enabled
@@ -131,7 +130,7 @@ def applies(model: Transformer, x: torch.Tensor, packed: list | None) -> bool:
 
 
 def run(
-    model: Transformer,
+    model: nn.Module,
     x: torch.Tensor,
     mask: torch.Tensor,
     rope: tuple[torch.Tensor, torch.Tensor],
@@ -142,15 +141,16 @@ def run(
     packed: list[dict],
     wanted: set[int],
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Every layer of `model` on x ([B, T, H]) with cache slots slot_start..; returns the
-    last layer's output and {i: state after layer i} for i in `wanted` (1..L)."""
+    """Every layer of `model` (a `transformer.Transformer`) on x ([B, T, H]) with cache
+    slots slot_start..; returns the last layer's output and {i: state after layer i} for
+    i in `wanted` (1..L)."""
     cfg = model.cfg
     B = x.shape[0]
     rows = slice(slot_start, slot_start + B)
     layers = packed[: cfg.num_layers]
     mkl = isinstance(layers[0]["wqkv"], MklPacked)
-    weights = [[p[n].buffer if mkl else p[n] for n in tf.MATRICES] for p in layers]
-    originals = [[p[n].weight_t if mkl else None for n in tf.MATRICES] for p in layers]
+    weights = [[p[n].buffer if mkl else p[n] for n in ops.MATRICES] for p in layers]
+    originals = [[p[n].weight_t if mkl else None for n in ops.MATRICES] for p in layers]
     order = sorted(i for i in wanted if 1 <= i <= cfg.num_layers)
     out = _scripted()(
         x,

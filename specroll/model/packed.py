@@ -5,13 +5,10 @@ weight, streamed from memory. Packing a weight once into the kernel's own layout
 such a product about as cheap as the hardware allows; both packings here come from the
 libraries PyTorch ships, chosen once per process:
 
-* `mkl`: MKL's packed sgemm (`mkl._mkl_linear`), fp32. On Intel CPUs it is the fastest:
-  on a 2-core Xeon (AVX-512, AMX) one SmolLM2 decode forward takes 0.75x / 0.89x / 0.90x
-  / 0.90x the oneDNN time at batch 1 / 4 / 16 / 32, and the GEMMs alone 0.62-0.83x for
-  1 to 1024 rows (`python benchmarks/gemm_stack.py` measures it on the machine at hand).
+* `mkl`: MKL's packed sgemm (`mkl._mkl_linear`), fp32: the faster of the two on Intel
+  CPUs (`python benchmarks/gemm_stack.py` compares them on the machine at hand).
 * `onednn`: oneDNN's packed inner product (`mkldnn._linear_pointwise`), fp32 and bf16
-  (bf16 where the CPU has native bf16). The default elsewhere: on AMD Zen 5 it took
-  about half of `F.linear`'s time for SmolLM2's shapes, and MKL is tuned for Intel.
+  (bf16 where the CPU has native bf16). The default elsewhere (MKL is tuned for Intel).
 
 The choice is made from the CPU vendor, not by timing, so one machine always computes
 the same rounding (seeded generations are reproducible across processes);
@@ -40,9 +37,8 @@ GEMMS = ("mkl", "onednn")
 _ENV = "SPECROLL_CPU_GEMM"
 _PACK_ROWS = 64
 """Row count MKL packs for. The buffer serves every row count with the same results (bit
-for bit from 4 rows on), but its layout is tuned for this one: packed for 64, products
-of 1-64 rows took 0.68-0.89x oneDNN's time and 512 rows 0.98x; packed for 16, 64 rows
-took 1.36x."""
+for bit from 4 rows on), but its layout is tuned for this one: 64 covers the engine's
+decode and verification products without slowing larger ones much."""
 _choice: str | None = None  # set_cpu_gemm's override of the automatic choice
 
 

@@ -17,7 +17,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specroll.model.config import ModelConfig
-from specroll.model.transformer import MATRICES, Transformer
+from specroll.model.ops import MATRICES
+from specroll.model.transformer import Transformer
 
 
 def load_state(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
