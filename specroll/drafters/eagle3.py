@@ -1,4 +1,4 @@
-"""EAGLE-3 draft head: the network and its checkpoint I/O (the speculative loop lives elsewhere).
+"""EAGLE-3 draft head: the network (checkpoint I/O: `eagle3_io`; the loop: `base`).
 
 EAGLE-3 (arXiv 2503.01840) drafts with one extra decoder layer that reads the target's own
 features: three residual-stream states of the target (low / mid / high layers) are fused by
@@ -8,7 +8,7 @@ next step's h, so the head can draft k tokens recursively. It predicts over a re
 vocabulary; `d2t` maps it back (target_id = draft_id + d2t[draft_id]).
 
 The head runs the same attention, mask, RoPE and matmul code as the target
-(`specroll.model.transformer`), with its own one-layer `KVCache` (row b ↔ slot b): cache=None is
+(`specroll.model.ops`), with its own one-layer `KVCache` (row b ↔ slot b): cache=None is
 the full-sequence causal forward used in training, a cache gives the engine's incremental mode.
 The token embedding is the target's, referenced (never copied) and detached: the draft loss can
 never move a policy parameter. Checkpoints use the layout SpecForge exports and vLLM's
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -311,11 +310,6 @@ class Eagle3Head(nn.Module):
 
     def step(self, tokens: torch.Tensor, states: torch.Tensor, unroll: Unroll):
         return self(tokens, states, unroll=unroll)
-
-    def save(self, out_dir: str | Path) -> None:
-        from specroll.drafters.eagle3_io import save_eagle3
-
-        save_eagle3(self, out_dir)
 
     def drafter(self, version: int = 0) -> Eagle3Drafter:
         return Eagle3Drafter(self, version)

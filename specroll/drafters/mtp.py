@@ -30,7 +30,6 @@ are skipped). Both have a per-module final norm. Qwen3-Next norms are Gemma-styl
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -260,11 +259,6 @@ class MTPDraft(nn.Module):
 
     def step(self, tokens: torch.Tensor, states: torch.Tensor, unroll: Unroll):
         return self(0, tokens, states, unroll=unroll)
-
-    def save(self, out_dir: str | Path) -> None:
-        from specroll.drafters.mtp_io import save_mtp
-
-        save_mtp(self, out_dir)
 
     def drafter(self, version: int = 0) -> MTPDrafter:
         return MTPDrafter(self, version)

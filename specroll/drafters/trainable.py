@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
+from specroll.drafters.eagle3_io import load_eagle3, save_eagle3
+from specroll.drafters.mtp_io import load_mtp, save_mtp
+
 if TYPE_CHECKING:
     from specroll.drafters.base import Drafter
     from specroll.drafters.ttt import Unroll
@@ -67,9 +70,6 @@ class TrainableDraft(Protocol):
     def readout(self, state: torch.Tensor) -> torch.Tensor:
         """States [..., H] -> logits [..., V'] over `vocab`."""
 
-    def save(self, out_dir: str | Path) -> None:
-        """Write the draft in its serving layout (loadable by `load_draft`)."""
-
     def drafter(self, version: int = 0) -> Drafter:
         """A proposer for the engine on this network (weights shared, not copied)."""
 
@@ -85,13 +85,21 @@ def replica(draft: TrainableDraft, policy: Transformer) -> TrainableDraft:
     return twin.eval()
 
 
+def save_draft(draft: TrainableDraft, out_dir: str | Path) -> None:
+    """Write `draft` in its serving layout into out_dir (loadable by `load_draft`): EAGLE-3
+    as config.json + model.safetensors (vLLM's layout), MTP as config.json +
+    mtp.safetensors."""
+    if draft.kind == "eagle3":
+        save_eagle3(draft, out_dir)
+    elif draft.kind == "mtp":
+        save_mtp(draft, out_dir)
+    else:
+        raise ValueError(f"unknown draft kind {draft.kind!r}; expected one of {KINDS}")
+
+
 def load_draft(path: str | Path, policy: Transformer) -> TrainableDraft:
-    """A draft saved by `TrainableDraft.save` (EAGLE-3 also in SpecForge / vLLM layout)."""
+    """A draft saved by `save_draft` (EAGLE-3 also in SpecForge / vLLM layout)."""
     p = Path(path)
     if (p / "mtp.safetensors").is_file():
-        from specroll.drafters.mtp_io import load_mtp
-
         return load_mtp(p, policy)
-    from specroll.drafters.eagle3_io import load_eagle3
-
     return load_eagle3(p, policy.cfg, embed=policy)

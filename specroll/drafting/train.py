@@ -30,7 +30,7 @@ from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head
 from specroll.drafters.eagle3_io import load_eagle3
 from specroll.drafters.mtp import MTPConfig, MTPDraft
 from specroll.drafters.mtp_io import load_mtp, load_native_mtp
-from specroll.drafters.trainable import KINDS, TrainableDraft
+from specroll.drafters.trainable import KINDS, TrainableDraft, save_draft
 from specroll.drafters.ttt import loss_mask, ttt_loss, ttt_unroll
 from specroll.drafting.data import DraftData, Sequence
 from specroll.model.transformer import Transformer
@@ -374,4 +374,4 @@ def _checkpoint(net: TrainableDraft, opt, step: int, cfg: DraftTrainConfig, out:
         tmp,
     )
     os.replace(tmp, out / "trainer.pt")
-    net.save(out)
+    save_draft(net, out)
