@@ -238,3 +238,27 @@ def test_bad_requests_and_models_fail_clearly(tiny_model, tmp_path, hf_dirs):
         load_model(bad)
     with pytest.raises(ValueError):
         EngineConfig(max_batch=0)
+
+
+def test_request_seeds_and_prompt_checks_are_the_engines(tiny_model):
+    """`request_seeds` draws what the engine gives requests without a seed (one draw per
+    request from a CPU generator on the engine seed, below 2**62) and keeps the others';
+    `check_prompts` names the first bad request."""
+    from specroll.engine.request import check_prompts, request_seeds
+
+    p = _prompts(1)[0]
+    reqs = [
+        Request(p, SamplingParams(max_new_tokens=2, seed=None if i % 3 else 77 + i))
+        for i in range(7)
+    ]
+    gen = torch.Generator().manual_seed(11)
+    draws = [int(torch.randint(0, 2**62, (1,), generator=gen)) for _ in reqs]
+    want = [d if r.params.seed is None else r.params.seed for d, r in zip(draws, reqs, strict=True)]
+    assert request_seeds(reqs, 11) == want
+    got = Engine(tiny_model, EngineConfig(seed=11)).generate(reqs)
+    assert [r.seed for r in got] == want
+    check_prompts(reqs, 256, 97)
+    with pytest.raises(ValueError, match=r"request 2: prompt_ids must be in \[0, 50\)"):
+        check_prompts([Request([1]), Request([2]), Request([3, 60])], 256, 50)
+    with pytest.raises(ValueError, match="request 1: prompt of 8 tokens"):
+        check_prompts([Request([1]), Request([1] * 8)], 8, 97)

@@ -40,7 +40,7 @@ import torch
 
 from specroll.drafters.base import DraftBatch, Drafter
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
-from specroll.engine.request import Request, Result, Results
+from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
 from specroll.engine.slots import CONTEXT, LENGTH, NONE, STOP, Slots
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
@@ -147,8 +147,10 @@ class Engine:
         """
         if not requests:
             return Results()
-        seeds = self._check(requests)
-        ctx = self.model.cfg.max_position_embeddings
+        cfg = self.model.cfg
+        check_prompts(requests, cfg.max_position_embeddings, cfg.vocab_size)
+        seeds = request_seeds(requests, self.config.seed)
+        ctx = cfg.max_position_embeddings
         max_gen = max(r.params.max_new_tokens for r in requests)
         need_len = max(len(r.prompt_ids) + r.params.max_new_tokens for r in requests)
         # verification writes up to k_max positions past a row's last emitted token
@@ -224,7 +226,6 @@ class Engine:
             tokens = torch.tensor([p + [0] * (width - len(p)) for p in group], **long)
             lengths = torch.tensor([len(p) for p in group], **long)
             rows = torch.arange(start + i, start + j, **long)
-            st.history[rows, :width] = tokens
             t = time.perf_counter()
             out = self.model(
                 tokens,
@@ -236,12 +237,8 @@ class Engine:
                 max_start=0,
             )
             self.stats.target_s += time.perf_counter() - t
-            # the last prompt token plays the role of `last` (scored, entering the cache)
-            st.pos[rows] = lengths - 1
             span = range(start + i, start + j)
-            for b, p in zip(span, group, strict=True):
-                st.pos_host[b] = len(p) - 1
-            st.last[rows] = tokens[torch.arange(len(group), **long), lengths - 1]
+            st.prompts(rows, span, tokens, lengths, [len(p) for p in group])
             none = torch.zeros(len(group), **long)
             ctx = self.model.cfg.max_position_embeddings
             _, first = self._accept(st, rows, span, out.logits, none, None, ctx, observe=False)
@@ -363,36 +360,16 @@ class Engine:
             STOP,
             torch.where(budget <= count, LENGTH, torch.where(room <= count, CONTEXT, NONE)),
         )
-        lp = ver.logprobs  # [n, K+1]
-        # masked writes of all K+1 candidates (the slots have slack columns for them)
-        keep = col < count.unsqueeze(1)  # [n, K+1]
-        r2 = rows.unsqueeze(1)  # [n, 1]
-        hpos = st.pos[rows].unsqueeze(1) + 1 + col  # [n, K+1] history position of each
-        st.tokens[r2, idx] = torch.where(keep, out, st.tokens[r2, idx])
-        st.logprobs[r2, idx] = torch.where(keep, lp, st.logprobs[r2, idx])
-        st._history[r2, hpos] = torch.where(keep, out, st._history[r2, hpos])
-        last = out.gather(1, (emitted - 1).unsqueeze(1)).squeeze(1)  # [n]
-        st.last[rows] = last
-        st.pos[rows] += emitted
-        st.n_gen[rows] += count
-        st.finish[rows] = finish
-        st.drafts[rows] += (num_draft > 0).long()
-        st.draft_tokens[rows] += num_draft
-        st.accepted[rows] += ver.num_accepted
+        last = st.record(rows, idx, out, ver.logprobs, emitted, count, finish)
+        drafted = st.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
         parts = [emitted, count, finish, num_draft, ver.num_accepted, last]
-        if K > 0:
-            drafted = torch.arange(K, **long) < num_draft.unsqueeze(1)  # [n, K]
-            st.accepted_pos[rows, :K] += ver.accepted.long()
-            st.drafted_pos[rows, :K] += drafted.long()
-            if observe:  # per-position totals for the statistics and the depth policy
-                parts += [ver.accepted.sum(0), drafted.sum(0), (ver.accepted & drafted).sum(0)]
+        if drafted is not None and observe:  # per-position totals: statistics, depth policy
+            parts += [ver.accepted.sum(0), drafted.sum(0), (ver.accepted & drafted).sum(0)]
         host = torch.cat(parts).tolist()  # the iteration's one read-back
         h_emit, h_count, h_finish, h_draft, h_acc, h_last = (
             host[i * n : (i + 1) * n] for i in range(6)
         )
-        for b, e, f in zip(span, h_emit, h_finish, strict=True):
-            st.pos_host[b] += e
-            st.finish_host[b] = f
+        st.mirror(span, h_emit, h_finish)
         total = sum(h_count)
         if observe:  # decode/verify forward (prefill is not a speculation step)
             per_pos = host[6 * n :]
@@ -430,30 +407,6 @@ class Engine:
     def _stops(self, req: Request) -> tuple[int, ...]:
         ids = req.params.stop_token_ids
         return self.eos if ids is None else ids
-
-    def _check(self, requests: Sequence[Request]) -> list[int]:
-        """Validate prompts against the model and fix every request's seed (drawn on the
-        host: seeds are Python ints, the same whatever device the engine runs on)."""
-        cfg = self.model.cfg
-        gen = torch.Generator(device="cpu").manual_seed(self.config.seed)
-        seeds = []
-        for i, r in enumerate(requests):
-            n = len(r.prompt_ids)
-            if n == 0:
-                raise ValueError(f"request {i}: prompt_ids is empty")
-            if n >= cfg.max_position_embeddings:
-                raise ValueError(
-                    f"request {i}: prompt of {n} tokens does not fit the context window "
-                    f"(max_position_embeddings={cfg.max_position_embeddings}, needs < that)"
-                )
-            lo, hi = min(r.prompt_ids), max(r.prompt_ids)
-            if lo < 0 or hi >= cfg.vocab_size:
-                raise ValueError(
-                    f"request {i}: prompt_ids must be in [0, {cfg.vocab_size}), got {lo}..{hi}"
-                )
-            drawn = int(torch.randint(0, 2**62, (1,), generator=gen, device="cpu"))
-            seeds.append(drawn if r.params.seed is None else int(r.params.seed))
-        return seeds
 
     def _ensure_cache(self, slots: int, length: int) -> None:
         c = self.cache

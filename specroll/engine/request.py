@@ -1,11 +1,15 @@
-"""What goes into the engine and what comes out of it."""
+"""What goes into the engine and what comes out of it, and the checks and seeds every
+rollout backend applies to a batch of requests."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from specroll.spec.metrics import SpecStats
-from specroll.spec.rng import check_seed
+from specroll.spec.rng import SEED_LIMIT, check_seed
 
 
 @dataclass
@@ -92,3 +96,36 @@ class Results(list):
     def __init__(self, results: list[Result] = (), stats: SpecStats | None = None) -> None:
         super().__init__(results)
         self.stats = stats if stats is not None else SpecStats()
+
+
+def check_prompts(requests: Sequence[Request], context_len: int, vocab_size: int) -> None:
+    """ValueError naming the first request whose prompt is empty, does not leave room for
+    a token in the context window (`context_len` positions) or holds an id outside
+    [0, vocab_size)."""
+    for i, r in enumerate(requests):
+        n = len(r.prompt_ids)
+        if n == 0:
+            raise ValueError(f"request {i}: prompt_ids is empty")
+        if n >= context_len:
+            raise ValueError(
+                f"request {i}: prompt of {n} tokens does not fit the context window "
+                f"(max_position_embeddings={context_len}, needs < that)"
+            )
+        lo, hi = min(r.prompt_ids), max(r.prompt_ids)
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(
+                f"request {i}: prompt_ids must be in [0, {vocab_size}), got {lo}..{hi}"
+            )
+
+
+def request_seeds(requests: Sequence[Request], seed: int) -> list[int]:
+    """Each request's seed: its own, or else one drawn in [0, SEED_LIMIT) from a CPU
+    generator seeded with `seed`. One draw per request, whether used or not, so a
+    request's drawn seed depends only on its position in the batch; drawn on the host,
+    so the seeds are the same whatever device generates."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    seeds = []
+    for r in requests:
+        drawn = int(torch.randint(0, SEED_LIMIT, (1,), generator=gen, device="cpu"))
+        seeds.append(drawn if r.params.seed is None else int(r.params.seed))
+    return seeds

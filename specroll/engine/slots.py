@@ -101,6 +101,81 @@ class Slots:
         if stops:
             self.stops[b, : len(stops)] = torch.tensor(stops, dtype=torch.long, device=self.device)
 
+    def prompts(
+        self,
+        rows: torch.Tensor,
+        span: range,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        host_lengths: list[int],
+    ) -> None:
+        """Prefilled rows: tokens [n, width] the padded prompts of `rows` (slots on the
+        device; `span`: the same on the host), lengths [n] their lengths (`host_lengths`
+        on the host). Each prompt's last token is the row's `last` (scored, entering the
+        cache at its position)."""
+        self.history[rows, : tokens.shape[1]] = tokens
+        self.pos[rows] = lengths - 1
+        for b, n in zip(span, host_lengths, strict=True):
+            self.pos_host[b] = n - 1
+        self.last[rows] = tokens[torch.arange(len(span), device=self.device), lengths - 1]
+
+    def record(
+        self,
+        rows: torch.Tensor,
+        idx: torch.Tensor,
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        emitted: torch.Tensor,
+        count: torch.Tensor,
+        finish: torch.Tensor,
+    ) -> torch.Tensor:
+        """An iteration's verified tokens for `rows` ([n] slots): the first count[b] of
+        row b's K + 1 candidates (tokens, logprobs: [n, K+1], at output indices idx
+        [n, K+1]) are kept, written with a mask into the slack columns; its cache position
+        advances by emitted[b] (the tokens that entered the cache), its finish code
+        becomes finish[b]. Returns each row's new `last` ([n])."""
+        col = torch.arange(tokens.shape[1], device=self.device)
+        keep = col < count.unsqueeze(1)  # [n, K+1]
+        r2 = rows.unsqueeze(1)  # [n, 1]
+        hpos = self.pos[rows].unsqueeze(1) + 1 + col  # [n, K+1] history position of each
+        self.tokens[r2, idx] = torch.where(keep, tokens, self.tokens[r2, idx])
+        self.logprobs[r2, idx] = torch.where(keep, logprobs, self.logprobs[r2, idx])
+        self._history[r2, hpos] = torch.where(keep, tokens, self._history[r2, hpos])
+        last = tokens.gather(1, (emitted - 1).unsqueeze(1)).squeeze(1)  # [n]
+        self.last[rows] = last
+        self.pos[rows] += emitted
+        self.n_gen[rows] += count
+        self.finish[rows] = finish
+        return last
+
+    def count_drafts(
+        self,
+        rows: torch.Tensor,
+        num_draft: torch.Tensor,
+        num_accepted: torch.Tensor,
+        accepted: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """Add an iteration's speculation to the counters of `rows`: num_draft [n] tokens
+        drafted, num_accepted [n] of them kept, accepted [n, K] which. Returns drafted
+        [n, K], the positions each row drafted (None when K = 0)."""
+        K = accepted.shape[1]
+        self.drafts[rows] += (num_draft > 0).long()
+        self.draft_tokens[rows] += num_draft
+        self.accepted[rows] += num_accepted
+        if K == 0:
+            return None
+        drafted = torch.arange(K, device=self.device) < num_draft.unsqueeze(1)  # [n, K]
+        self.accepted_pos[rows, :K] += accepted.long()
+        self.drafted_pos[rows, :K] += drafted.long()
+        return drafted
+
+    def mirror(self, span: range, emitted: list[int], finish: list[int]) -> None:
+        """Bring the host mirrors of `span`'s slots up to date with an iteration's
+        emitted tokens and finish codes, as read back once by the engine."""
+        for b, e, f in zip(span, emitted, finish, strict=True):
+            self.pos_host[b] += e
+            self.finish_host[b] = f
+
     def result(
         self, b: int, req: Request, seed: int, reason: str, versions: tuple[int, int | None]
     ) -> Result:
