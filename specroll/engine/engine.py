@@ -41,15 +41,13 @@ import torch
 from specroll.drafters.base import DraftBatch, Drafter
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
-from specroll.engine.slots import CONTEXT, LENGTH, NONE, STOP, Slots
+from specroll.engine.slots import Slots
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.model.weights import load_state
 from specroll.spec import rng
 from specroll.spec.metrics import CollapseDetector, SpecStats
 from specroll.spec.verify import verify
-
-_REASONS = {STOP: "stop", LENGTH: "length", CONTEXT: "context"}
 
 
 @dataclass
@@ -157,7 +155,7 @@ class Engine:
         need_len = min(ctx, need_len + self.depth.k_max)
         n_slots = min(self.config.max_batch, len(requests))
         self._ensure_cache(n_slots, need_len)
-        stops = [self._stops(r) for r in requests]
+        stops = [r.params.stops(self.eos) for r in requests]
         st = Slots(
             n_slots,
             max_gen,
@@ -189,7 +187,7 @@ class Engine:
                 B += len(new)
             else:
                 stepped = self._step(st, B, ctx)
-            done = self._finished(st, B)
+            done = st.finished(B)
             for b in sorted(done, reverse=True):
                 j = st.request[b]
                 results[j] = st.result(b, requests[j], seeds[j], done[b], versions)
@@ -346,20 +344,7 @@ class Engine:
         )
         emitted = ver.num_emitted  # [n]
         out = ver.tokens.clamp(min=0)  # [n, K+1]
-        # cut each row at its first stop token, its budget and the context window
-        col = torch.arange(K1, **long)
-        is_stop = (out.unsqueeze(-1) == st.stops[rows].unsqueeze(1)).any(-1) & (
-            col < emitted.unsqueeze(1)
-        )
-        stop_at = torch.where(is_stop.any(1), is_stop.float().argmax(1) + 1, K1 + 1)
-        budget = st.max_new[rows] - n_gen
-        room = ctx - 1 - st.pos[rows]  # tokens the context window still holds
-        count = torch.minimum(torch.minimum(emitted, stop_at), torch.minimum(budget, room))
-        finish = torch.where(
-            stop_at <= count,
-            STOP,
-            torch.where(budget <= count, LENGTH, torch.where(room <= count, CONTEXT, NONE)),
-        )
+        count, finish = st.cut(rows, out, emitted, ctx)
         last = st.record(rows, idx, out, ver.logprobs, emitted, count, finish)
         drafted = st.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
         parts = [emitted, count, finish, num_draft, ver.num_accepted, last]
@@ -398,15 +383,7 @@ class Engine:
             )
             self._collapse = CollapseDetector(self._collapse.window, self._collapse.threshold)
 
-    def _finished(self, st: Slots, B: int) -> dict[int, str]:
-        """Rows that are done after this step, with their finish reason (host mirror)."""
-        return {b: _REASONS[f] for b, f in enumerate(st.finish_host[:B]) if f != NONE}
-
     # ------------------------------------------------------------------ bookkeeping
-
-    def _stops(self, req: Request) -> tuple[int, ...]:
-        ids = req.params.stop_token_ids
-        return self.eos if ids is None else ids
 
     def _ensure_cache(self, slots: int, length: int) -> None:
         c = self.cache

@@ -49,6 +49,10 @@ class SamplingParams:
         if self.stop_token_ids is not None:
             self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
 
+    def stops(self, eos: Sequence[int]) -> tuple[int, ...]:
+        """The ids that end the request: `stop_token_ids`, or else `eos` (the model's)."""
+        return tuple(eos) if self.stop_token_ids is None else self.stop_token_ids
+
 
 @dataclass
 class Request:

@@ -11,6 +11,8 @@ from specroll.spec.sampling import Hints, RowSampling
 
 NONE, STOP, LENGTH, CONTEXT = 0, 1, 2, 3
 """Finish codes of a row (`Slots.finish`)."""
+REASONS = {STOP: "stop", LENGTH: "length", CONTEXT: "context"}
+"""`Result.finish_reason` of each finish code."""
 
 
 class Slots:
@@ -119,6 +121,29 @@ class Slots:
             self.pos_host[b] = n - 1
         self.last[rows] = tokens[torch.arange(len(span), device=self.device), lengths - 1]
 
+    def cut(
+        self, rows: torch.Tensor, tokens: torch.Tensor, emitted: torch.Tensor, ctx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """How many of an iteration's emitted tokens each of `rows` keeps, and its finish
+        code: tokens [n, K+1] the verified candidates, emitted [n] how many were emitted,
+        cut at the row's first stop token, its budget and the context window (ctx
+        positions). Returns (count [n], finish [n])."""
+        K1 = tokens.shape[1]
+        col = torch.arange(K1, device=self.device)
+        is_stop = (tokens.unsqueeze(-1) == self.stops[rows].unsqueeze(1)).any(-1) & (
+            col < emitted.unsqueeze(1)
+        )
+        stop_at = torch.where(is_stop.any(1), is_stop.float().argmax(1) + 1, K1 + 1)
+        budget = self.max_new[rows] - self.n_gen[rows]
+        room = ctx - 1 - self.pos[rows]  # tokens the context window still holds
+        count = torch.minimum(torch.minimum(emitted, stop_at), torch.minimum(budget, room))
+        finish = torch.where(
+            stop_at <= count,
+            STOP,
+            torch.where(budget <= count, LENGTH, torch.where(room <= count, CONTEXT, NONE)),
+        )
+        return count, finish
+
     def record(
         self,
         rows: torch.Tensor,
@@ -175,6 +200,10 @@ class Slots:
         for b, e, f in zip(span, emitted, finish, strict=True):
             self.pos_host[b] += e
             self.finish_host[b] = f
+
+    def finished(self, B: int) -> dict[int, str]:
+        """Rows among the first B that are done, with their finish reason (host mirror)."""
+        return {b: REASONS[f] for b, f in enumerate(self.finish_host[:B]) if f != NONE}
 
     def result(
         self, b: int, req: Request, seed: int, reason: str, versions: tuple[int, int | None]
