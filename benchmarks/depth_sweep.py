@@ -39,7 +39,7 @@ from specroll.model import load_model
 from specroll.model.hub import resolve
 from specroll.model.tokenizer import Tokenizer
 from specroll.rl.config import build_config
-from specroll.rl.draft import build_draft
+from specroll.rl.run.draft import build_draft
 from specroll.sim.rollout import Speculation, simulate_replica
 from specroll.tasks.sets import encode, math_problems
 

@@ -21,8 +21,8 @@ import torch
 
 from specroll.cli.common import load_policy
 from specroll.rl.config import build_config
-from specroll.rl.draft import build_draft
-from specroll.rl.pipeline import Trainer
+from specroll.rl.run.draft import build_draft
+from specroll.rl.run.trainer import Trainer
 
 KEYS = ("reward", "policy_loss", "logprob_mismatch_mean", "logprob_mismatch_max", "mismatch_kl")
 

@@ -8,7 +8,7 @@ configuration runs in its own process (`--mode`), so that its resident memory is
 * `fsdp`    an `FSDPLearnerHost` (local rank processes, gloo).
 
 Memory is each learner process's peak resident set (VmHWM) per phase: reset through
-/proc/self/clear_refs before the phase, read after it (`fsdp_host.rank_memory`); the
+/proc/self/clear_refs before the phase, read after it (`fsdp.rank.rank_memory`); the
 phases are `build` (after construction), `publish` (`weights()`, before any training:
 the single host returns views; rank 0 of the FSDP host gathers tensor by tensor and
 streams them to the driver) and `train` (updates after a warm-up one). The driver's own
@@ -29,8 +29,9 @@ from learner_stages import make_batch  # a sibling script
 
 from specroll.cli.common import load_policy
 from specroll.rl.config import build_config
-from specroll.rl.draft import build_draft
-from specroll.rl.fsdp_host import rank_memory
+from specroll.rl.learner import build_host
+from specroll.rl.learner.fsdp.rank import rank_memory
+from specroll.rl.run.draft import build_draft
 
 
 def main() -> None:
@@ -48,8 +49,6 @@ def main() -> None:
     policy, tok = load_policy(cfg.policy.model)
     draft = build_draft(cfg, policy, tok, None)
     batch = make_batch(tok, a.prompts, a.group, 64, 128, policy.cfg.vocab_size, seed=0)
-    from specroll.rl.learner_host import build_host
-
     host = build_host(cfg, policy, draft)
     if a.mode == "single":
         del policy, draft  # the host holds them
@@ -67,9 +66,8 @@ def main() -> None:
     out["publish_s"] = round(time.perf_counter() - t0, 3)
     out["publish"] = memory()
     out["driver_publish"] = rank_memory()
-    out["published_mib"] = round(
-        sum(t.numel() * t.element_size() for w in weights if w for t in w.values()) / 2**20, 1
-    )
+    tensors = [t for w in (weights.policy, weights.draft) if w for t in w.values()]
+    out["published_mib"] = round(sum(t.numel() * t.element_size() for t in tensors) / 2**20, 1)
     del weights
     old, _ = host.logprobs(batch)
     host.train(batch, old, None)  # warm-up

@@ -73,7 +73,7 @@ def main() -> None:
         ],
         "mm": lambda M: [xs[M][K] @ w for (K, _), w in zip(shapes, ws, strict=True)],
     }
-    if packing._mkl_available():
+    if packing.mkl_available():
         mkl = [packing.pack(w, "mkl") for w in ws]
         kernels["mkl"] = lambda M: [
             packing.packed_mm(xs[M][K], w, p) for (K, _), w, p in zip(shapes, ws, mkl, strict=True)

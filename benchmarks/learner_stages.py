@@ -18,7 +18,7 @@ interleaved in one process: the machine is shared, so compare ratios within a ru
 * `attn`     the 30 layers' attention (SDPA, masked, GQA folded) of one micro-batch.
 
 Two head paths run the same learner: `plain` is the learner before issue 15 (the model's
-full logits, `token_logprobs`), `chunked` the current one (`Learner._forward`).
+full logits, `sequence_logprobs`), `chunked` the current one (`Learner.forward`).
 
 FLOPs: a matmul of an [M, K] by a [K, N] is 2 M K N; a forward is 2 x (the decoder's
 matrix parameters) per padded token, plus 2 H V per position the LM head runs at (every
@@ -47,12 +47,12 @@ import torch.nn.functional as F
 from specroll.cli.common import load_policy
 from specroll.drafters.ttt import loss_mask
 from specroll.model.ops import attention, fold_mask
-from specroll.rl.batch import Batch
+from specroll.rl.algo.batch import Batch
+from specroll.rl.algo.logprobs import head_logprobs, sequence_logprobs
 from specroll.rl.config import build_config
-from specroll.rl.draft import build_draft
-from specroll.rl.learner import Learner
-from specroll.rl.learner_host import build_learner
-from specroll.rl.logprobs import head_logprobs, token_logprobs
+from specroll.rl.learner.build import build_learner
+from specroll.rl.learner.learner import Learner
+from specroll.rl.run.draft import build_draft
 from specroll.tasks.sets import encode, math_problems
 
 
@@ -82,13 +82,13 @@ def make_batch(tok, prompts: int, group: int, lo: int, hi: int, vocab: int, seed
 
 
 def plain_forward(self: Learner, model, b: Batch, vocab=None, where=None):
-    """The learner's forward before issue 15: the model's [B, W, V] logits, `token_logprobs`,
+    """The learner's forward before issue 15: the model's [B, W, V] logits, `sequence_logprobs`,
     and the draft target from the same full logits (the `plain` head path)."""
     last = model.cfg.num_layers
     layers = self.hidden_layers if model is self.policy else (last,)
     with self._autocast():
         out = model(b.tokens, hidden_layers=layers)
-    logp = token_logprobs(out.logits, b.tokens, self.temperature) * b.response_mask
+    logp = sequence_logprobs(out.logits, b.tokens, self.temperature) * b.response_mask
     target = None
     if vocab is not None:
         mask = loss_mask(b.lengths, b.prompt_lens, b.tokens.shape[1])
@@ -115,9 +115,9 @@ class Configured:
             (d, opt, layers) if draft else (None, None, self.last)
         )
         if impl == "plain":
-            lr._forward = plain_forward.__get__(lr)
+            lr.forward = plain_forward.__get__(lr)
         else:
-            lr.__dict__.pop("_forward", None)
+            lr.__dict__.pop("forward", None)
         return lr
 
 
@@ -288,7 +288,7 @@ def head_stage(policy, b: Batch, dtypes: dict, repeats: int) -> dict:
         x = h.detach().requires_grad_(grad)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             logits = (policy.final_state(x) @ w).float()
-        lp = token_logprobs(logits, b.tokens, 1.0)
+        lp = sequence_logprobs(logits, b.tokens, 1.0)
         if grad:
             (lp[:, 1:] * sel).sum().backward()
 

@@ -29,8 +29,8 @@ from specroll.model import load_model
 from specroll.model.hub import resolve
 from specroll.model.tokenizer import Tokenizer
 from specroll.rl.config import build_config
-from specroll.rl.draft import build_draft
-from specroll.rl.pipeline import Trainer
+from specroll.rl.run.draft import build_draft
+from specroll.rl.run.trainer import Trainer
 
 
 def run(seed: int, speculative: bool, steps: int, out: str) -> dict:

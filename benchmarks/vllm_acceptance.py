@@ -19,7 +19,7 @@ from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.engine.prompts import BUILTIN_PROMPTS
 from specroll.model.hub import resolve
-from specroll.rl.vllm_rollout import VllmRollout
+from specroll.rl.rollout.vllm import VllmRollout
 from specroll.spec.metrics import SpecStats
 
 K = 3

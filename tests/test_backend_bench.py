@@ -1,4 +1,4 @@
-"""`specroll bench backends` (`specroll.rl.backend_bench`) on a tiny policy and draft.
+"""`specroll bench backends` (`specroll.rl.rollout.bench`) on a tiny policy and draft.
 
 The own engine only here (the vLLM side runs in tests/test_vllm.py): every (batch, mode)
 gets a row with its per-round figures, EAGLE-3 rows carry an acceptance length the depth
@@ -16,7 +16,7 @@ from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head
 from specroll.drafters.eagle3_io import save_eagle3
 from specroll.model import ModelConfig, Transformer
 from specroll.model.weights import save_model
-from specroll.rl.backend_bench import bench_backends, bench_requests
+from specroll.rl.rollout.bench import bench_backends, bench_requests
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ def _learner_logprobs(model, prompt, tokens, temperature):
 
 TINY_EPS_LOGIT = 2e-5
 """Engine-vs-learner logit bound of the tiny test models (measured <= 7e-6 on them; see
-specroll.rl.mismatch): a tighter check than the policy-wide EPS_LOGIT, so a regression of
+specroll.rl.algo.mismatch): a tighter check than the policy-wide EPS_LOGIT, so a regression of
 a few ulps x depth in the engine's numerics still fails here."""
 
 
@@ -45,7 +45,7 @@ def test_engine_logprobs_equal_learner_recomputation(
     """
     from specroll.drafters.draft_model import DraftModelDrafter
     from specroll.engine.depth import FixedDepth
-    from specroll.rl.mismatch import logprob_tolerance
+    from specroll.rl.algo.mismatch import logprob_tolerance
 
     model = load_model(hf_dirs[variant][1])
     prompts = _prompts(4)

@@ -11,10 +11,11 @@ import signal
 import pytest
 import torch
 
-from specroll.rl import loss as L
-from specroll.rl.batch import Batch
+from specroll.rl.algo import loss as L
+from specroll.rl.algo.batch import Batch
 from specroll.rl.config import build_config
-from specroll.rl.rollout import state
+from specroll.rl.replica import tensors_of
+from tests.conftest import make_trainer, step_batch
 
 FSDP = ("learner.strategy=fsdp", "learner.ranks=2")
 
@@ -28,20 +29,18 @@ def _fresh(tiny_setup):
 
 
 def _trainer(setup, tmp_path, *overrides):
-    from specroll.rl.draft import build_draft
-    from specroll.rl.pipeline import Trainer
-
-    policy, tok = setup
-    cfg = build_config("tiny", [f"pipeline.out_dir={tmp_path / 'run'}", *overrides])
-    draft = build_draft(cfg, policy, tok, tmp_path)
-    return Trainer(cfg, policy, tok, draft, log=lambda m: None)
+    return make_trainer(setup, tmp_path / "run", *overrides)
 
 
 def _batch(t) -> tuple[Batch, torch.Tensor]:
     """A step's samples with +-1 advantages and old log-probs off by 0.05 (ratios != 1)."""
-    results = t.rollout.engine.generate(t.work.requests(t.work.problems(0), 4, base_seed=5))
-    batch = Batch.from_results(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
+    batch = step_batch(t, samples=4)
     return batch, t.host.logprobs(batch)[0] - 0.05
+
+
+def _modules(t):
+    """(policy, draft) the single-process host of `t` trains."""
+    return t.host.learner.policy, t.host.learner.draft
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -58,13 +57,14 @@ def _max_diff(a: dict, b: dict) -> float:
 )
 def test_two_rank_updates_equal_the_single_process_ones(tiny_setup, tmp_path, overrides):
     """Two updates (policy + online draft) on 3 micro-batches (rank 1 runs a dummy)."""
-    from specroll.rl.fsdp_host import FSDPLearnerHost
+    from specroll.rl.learner.fsdp.host import FSDPLearnerHost
 
     over = ("policy.micro_batch=6", *overrides)
     t = _trainer(tiny_setup, tmp_path, *over)
     batch, old = _batch(t)
-    before = {k: v.clone() for k, v in state(t.policy).items()}
-    host = FSDPLearnerHost(build_config("tiny", [*over, *FSDP]), t.policy, t.draft)
+    policy, draft = _modules(t)
+    before = {k: v.clone() for k, v in tensors_of(policy).items()}
+    host = FSDPLearnerHost(build_config("tiny", [*over, *FSDP]), policy, draft)
     try:
         lp, _ = host.logprobs(batch)
         assert (lp - (old + 0.05)).abs().max() < 1e-6
@@ -72,33 +72,32 @@ def test_two_rank_updates_equal_the_single_process_ones(tiny_setup, tmp_path, ov
             m1, m2 = t.host.train(batch, old, None), host.train(batch, old, None)
             for k in m1:
                 assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
-        p2, d2 = host.weights()
+        p2, d2 = host.weights().resolve()
     finally:
         host.close()
-    assert _max_diff(before, state(t.policy)) > 1e-4  # the updates moved the policy
-    assert _max_diff(p2, state(t.policy)) < 1e-6
-    assert _max_diff(d2, state(t.draft)) < 1e-6
+    assert _max_diff(before, tensors_of(policy)) > 1e-4  # the updates moved the policy
+    assert _max_diff(p2, tensors_of(policy)) < 1e-6
+    assert _max_diff(d2, tensors_of(draft)) < 1e-6
 
 
 def test_bf16_ranks_keep_fp32_master_shards_and_stay_near_one_process(tiny_setup, tmp_path):
     """FSDP2 mixed precision (bf16 compute, fp32 reduction and masters) vs the single
     process's autocast over fp32 masters: the same update to bf16 rounding."""
-    from specroll.rl.fsdp_host import FSDPLearnerHost
+    from specroll.rl.learner.fsdp.host import FSDPLearnerHost
 
     t = _trainer(tiny_setup, tmp_path, "learner.dtype=bfloat16")
     batch, old = _batch(t)
-    host = FSDPLearnerHost(
-        build_config("tiny", ["learner.dtype=bfloat16", *FSDP]), t.policy, t.draft
-    )
+    policy, draft = _modules(t)
+    host = FSDPLearnerHost(build_config("tiny", ["learner.dtype=bfloat16", *FSDP]), policy, draft)
     try:
         m1, m2 = t.host.train(batch, old, None), host.train(batch, old, None)
-        p2, d2 = host.weights()
+        p2, d2 = host.weights().resolve()
     finally:
         host.close()
     for k in ("policy_loss", "draft_loss", "grad_norm", "draft_grad_norm"):
         assert m2[k] == pytest.approx(m1[k], rel=2e-2), k
     assert all(v.dtype == torch.float32 for v in p2.values() if v.is_floating_point())
-    assert _max_diff(p2, state(t.policy)) < 5e-3  # an Adam step is lr = 1e-3 per weight
+    assert _max_diff(p2, tensors_of(policy)) < 5e-3  # an Adam step is lr = 1e-3 per weight
 
 
 def _nonzero(g: torch.Tensor | None) -> bool:
@@ -116,9 +115,9 @@ def _isolated(rank, batch: Batch, old: torch.Tensor) -> list[bool]:
     for which in ("draft", "policy"):
         lr.opt.zero_grad(set_to_none=True)
         lr.draft_opt.zero_grad(set_to_none=True)
-        logp, target, hidden = lr._forward(lr.policy, batch, lr._draft_vocab())
+        logp, target, hidden = lr.forward(lr.policy, batch, lr.draft_vocab())
         if which == "draft":
-            loss, _ = lr._draft_loss(batch, hidden, target)
+            loss, _ = lr.draft_loss(batch, hidden, target)
         else:
             pl, _ = L.clipped_objective(logp, old, batch.advantages, 0.2, 0.28)
             loss = L.aggregate(pl, batch.response_mask, True)
@@ -131,11 +130,11 @@ def _isolated(rank, batch: Batch, old: torch.Tensor) -> list[bool]:
 
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])
 def test_gradient_isolation_under_fsdp(tiny_setup, tmp_path, kind):
-    from specroll.rl.fsdp_host import FSDPLearnerHost
+    from specroll.rl.learner.fsdp.host import FSDPLearnerHost
 
     t = _trainer(tiny_setup, tmp_path, f"draft.kind={kind}")
     batch, old = _batch(t)
-    host = FSDPLearnerHost(build_config("tiny", [f"draft.kind={kind}", *FSDP]), t.policy, t.draft)
+    host = FSDPLearnerHost(build_config("tiny", [f"draft.kind={kind}", *FSDP]), *_modules(t))
     try:
         assert host.call(_isolated, batch, old) == [False, True, True, False]
     finally:
@@ -175,7 +174,7 @@ def _interrupted(setup, tmp_path, *overrides) -> None:
 
     def stop_after_two(m):
         if m["step"] == 2:
-            t._stop = True
+            t.request_stop()
 
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -201,7 +200,7 @@ def test_runs_faults_resumes_and_checkpoints_across_rank_counts(tiny_setup, tmp_
     resumed with 2 ranks (1 -> 2)."""
     import shutil
 
-    from specroll.rl.fsdp_host import LearnerRankError
+    from specroll.rl.learner.host import LearnerRankError
 
     single = _trainer(_fresh(tiny_setup), tmp_path / "single")
     full = single.run()
@@ -252,7 +251,7 @@ def test_ray_placed_ranks_give_the_local_ranks_metrics(tiny_setup, tmp_path):
     the single-process metrics, and a killed rank named."""
     import ray
 
-    from specroll.rl.fsdp_host import LearnerRankError
+    from specroll.rl.learner.host import LearnerRankError
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
@@ -283,7 +282,7 @@ def test_learner_strategy_and_ranks_are_validated_by_name():
 def test_the_cli_reports_a_dead_rank_as_an_error(monkeypatch, capsys):
     """`specroll train` ends with the rank's message and exit code 1, not a traceback."""
     import specroll.cli as cli
-    from specroll.rl.fsdp_host import LearnerRankError
+    from specroll.rl.learner.host import LearnerRankError
 
     def dies(args):
         raise LearnerRankError("learner rank 1 died (exit code -9) during 'train'")

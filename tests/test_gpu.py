@@ -73,18 +73,13 @@ def test_tiny_training_run_on_gpu(tmp_path, monkeypatch, dtype):
     from specroll.model import load_model
     from specroll.model.hub import resolve
     from specroll.model.tokenizer import Tokenizer
-    from specroll.rl.config import build_config
-    from specroll.rl.draft import build_draft
-    from specroll.rl.mismatch import logprob_tolerance
-    from specroll.rl.pipeline import Trainer
+    from specroll.rl.algo.mismatch import logprob_tolerance
+    from tests.conftest import make_trainer
 
     d = resolve("tiny")
-    policy, tok = load_model(d), Tokenizer(d)
-    over = [f"pipeline.out_dir={tmp_path / 'run'}", "pipeline.steps=2"]
-    over += [f"{s}.{k}={v}" for s in ("rollout", "learner") for k, v in (("device", "cuda"),)]
+    over = ["pipeline.steps=2", "rollout.device=cuda", "learner.device=cuda"]
     over += [f"rollout.dtype={dtype}", f"learner.dtype={dtype}"]
-    cfg = build_config("tiny", over)
-    trainer = Trainer(cfg, policy, tok, build_draft(cfg, policy, tok, tmp_path), log=print)
+    trainer = make_trainer((load_model(d), Tokenizer(d)), tmp_path / "run", *over, log=print)
     history = [m for m in trainer.run() if "time" in m]
     assert len(history) == 2
     assert all(m["logprob_mismatch_max"] is not None for m in history[:1])

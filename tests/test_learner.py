@@ -1,5 +1,5 @@
 """The learner's numerics and placement: truncated importance sampling against hand-computed
-weights, the chunked head against the plain `token_logprobs` path, the bf16 learner
+weights, the chunked head against the plain `sequence_logprobs` path, the bf16 learner
 against fp32, explicit devices and checkpoints that cross them."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
-from specroll.rl import loss as L
-from specroll.rl.batch import Batch
+from specroll.rl.algo import loss as L
+from specroll.rl.algo.batch import Batch
+from specroll.rl.algo.logprobs import head_logprobs, sequence_logprobs
 from specroll.rl.config import build_config
-from specroll.rl.learner import Learner
-from specroll.rl.learner_host import build_learner
-from specroll.rl.logprobs import head_logprobs, token_logprobs
+from specroll.rl.learner.build import build_learner
+from specroll.rl.learner.learner import Learner
 
 CUDA = torch.cuda.is_available()
 
@@ -119,7 +119,7 @@ def test_chunked_head_equals_the_plain_path(temperature):
     b = tiny_batch()
     L_ = policy.cfg.num_layers
     out = policy(b.tokens, hidden_layers=(L_,))
-    want = token_logprobs(out.logits, b.tokens, temperature)  # [N, T]
+    want = sequence_logprobs(out.logits, b.tokens, temperature)  # [N, T]
     sel = b.response_mask[:, 1:]
     final = policy.final_state(out.hidden[L_])[:, :-1][sel]
     vocab = torch.tensor([0, 3, 5, 40, 96])
@@ -133,7 +133,7 @@ def test_chunked_head_equals_the_plain_path(temperature):
     # gradients: the hand-written backward against autograd through the plain path
     w = policy.head_weight
     h = out.hidden[L_].detach().requires_grad_()
-    plain = token_logprobs(policy.final_state(h) @ w, b.tokens, temperature)[:, 1:][sel]
+    plain = sequence_logprobs(policy.final_state(h) @ w, b.tokens, temperature)[:, 1:][sel]
     gw_plain, gh_plain = torch.autograd.grad((plain * 1.3).sum(), [w, h])
     final = policy.final_state(h)[:, :-1][sel]
     got, _ = head_logprobs(final, w, b.tokens[:, 1:][sel], temperature, chunk=7)
@@ -148,7 +148,7 @@ def test_learner_logprobs_equal_the_plain_path():
     lr = learner(policy, "rollout.temperature=0.8")
     got = lr.logprobs(b)
     with torch.no_grad():
-        want = token_logprobs(policy(b.tokens).logits, b.tokens, 0.8) * b.response_mask
+        want = sequence_logprobs(policy(b.tokens).logits, b.tokens, 0.8) * b.response_mask
     assert got.device.type == "cpu" and got.dtype == torch.float32
     assert (got - want).abs().max() <= 1e-5
 
@@ -197,7 +197,7 @@ def test_bf16_learner_trains_fp32_masters_and_stays_near_fp32():
 
 
 def _host(policy, device):
-    from specroll.rl.learner_host import LocalLearnerHost
+    from specroll.rl.learner.single import LocalLearnerHost
 
     cfg = build_config("tiny", ["policy.micro_batch=4"])
     return LocalLearnerHost(cfg, policy, None, torch.device(device))
@@ -216,7 +216,7 @@ def test_learner_on_an_explicit_device_moves_batches(device):
     assert old.device.type == "cpu" and old.dtype == torch.float32 and ref is None
     stats = host.train(b, old - 0.05 * b.response_mask, None)
     assert all(isinstance(v, float) for v in stats.values() if not isinstance(v, list))
-    state = host.state()
+    state = host.checkpoint_state()
     assert all(t.device.type == "cpu" for t in state["policy"].values())
     assert all(
         t.device.type == "cpu"
@@ -232,12 +232,12 @@ def test_a_gpu_checkpoint_restores_on_the_cpu_and_back():
     gpu = _host(tiny_policy(), "cuda")
     old, _ = gpu.logprobs(b)
     gpu.train(b, old - 0.05 * b.response_mask, None)
-    state = copy.deepcopy(gpu.state())
+    state = copy.deepcopy(gpu.checkpoint_state())
     cpu = _host(tiny_policy(seed=1), "cpu")
     cpu.restore(state)
     assert (cpu.logprobs(b)[0] - gpu.logprobs(b)[0]).abs().max() <= 1e-4
     back = _host(tiny_policy(seed=2), "cuda")
-    back.restore(cpu.state())
+    back.restore(cpu.checkpoint_state())
     s1 = gpu.train(b, old, None)
     s2 = back.train(b, old, None)
     assert s1["policy_loss"] == pytest.approx(s2["policy_loss"], rel=1e-4, abs=1e-6)

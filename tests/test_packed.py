@@ -8,7 +8,7 @@ from specroll.model.packed import GEMMS, PackedWeights, cpu_gemm, packed_mm, set
 
 
 def _available(name: str) -> bool:
-    return packed._mkl_available() if name == "mkl" else packed._onednn_available()
+    return packed.mkl_available() if name == "mkl" else packed.onednn_available()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specroll.rl.config import build_config
+from tests.conftest import make_trainer
 
 TIMING = ("time", "step_s", "gen_tok_s", "gen_busy_s", "exposed_gen_s")
 
@@ -30,17 +31,16 @@ def tiny(tmp_path, monkeypatch):
     return resolve("tiny")
 
 
-def _trainer(tiny_dir, out, *overrides):
+def _setup(tiny_dir):
     from specroll.model import load_model
     from specroll.model.tokenizer import Tokenizer
-    from specroll.rl.draft import build_draft
-    from specroll.rl.pipeline import Trainer
 
-    policy, tok = load_model(tiny_dir), Tokenizer(tiny_dir)
-    cfg = build_config(
-        "tiny", [f"pipeline.out_dir={out}", "data.val_size=0", "pipeline.steps=3", *overrides]
-    )
-    return Trainer(cfg, policy, tok, build_draft(cfg, policy, tok, tiny_dir), log=lambda m: None)
+    return load_model(tiny_dir), Tokenizer(tiny_dir)
+
+
+def _trainer(tiny_dir, out, *overrides):
+    over = ("data.val_size=0", "pipeline.steps=3", *overrides)
+    return make_trainer(_setup(tiny_dir), out, *over)
 
 
 CHECK = ("logprob_check", "logprob_mismatch_mean", "logprob_mismatch_max", "mismatch_kl")
@@ -99,15 +99,15 @@ def test_async_respects_max_lag(local_ray, tiny, tmp_path):
 
 def test_a_killed_worker_loses_and_duplicates_nothing(local_ray, tiny, tmp_path):
     t = _trainer(tiny, tmp_path, "rollout.backend=ray", "ray.workers=2")
-    reqs = t.work.step_requests(0)
+    reqs = t.task.step_requests(0)
     try:
-        expected = t.rollout.generate(reqs)[0]  # the same weights, no failure
+        expected = t.rollout.generate(reqs)  # the same weights, no failure
         pending = t.rollout.submit(reqs)
         local_ray.kill(t.rollout.workers[0], no_restart=True)  # mid-step
-        results, stats = pending.result()
+        results = pending.result()
         assert t.rollout.restarts == 1
         assert [r.token_ids for r in results] == [r.token_ids for r in expected]
-        assert stats.emitted_tokens > 0
+        assert results.stats.emitted_tokens > 0
         m = t.run_step()  # the replacement worker serves the next step
         assert m["worker_restarts"] == 1 and sum(m["lag"].values()) == len(reqs)
     finally:
@@ -115,15 +115,17 @@ def test_a_killed_worker_loses_and_duplicates_nothing(local_ray, tiny, tmp_path)
 
 
 def test_a_worker_refuses_a_draft_of_another_shape(local_ray, tiny, tmp_path):
+    from specroll.drafting.data import default_aux_layers
     from specroll.drafting.train import new_eagle3
-    from specroll.rl.rollout import state
+    from specroll.rl.replica import Weights
 
     t = _trainer(tiny, tmp_path, "rollout.backend=ray", "ray.workers=1")
     try:
-        other = new_eagle3(t.policy, torch.arange(32), t.draft.cfg.aux_layers, 0)
-        t.rollout.publish(1, state(t.policy), state(other))
+        policy, _ = _setup(tiny)
+        other = new_eagle3(policy, torch.arange(32), default_aux_layers(policy), 0)
+        t.rollout.update_weights(1, Weights.of(policy, other))
         with pytest.raises(Exception, match="lm_head"):
-            t.rollout.generate(t.work.step_requests(0))
+            t.rollout.generate(t.task.step_requests(0))
     finally:
         t.close()
 
@@ -138,7 +140,7 @@ def test_checkpoint_resume_on_ray(local_ray, tiny, tmp_path):
 
     def stop_after_two(m):
         if m["step"] == 2:
-            t._stop = True
+            t.request_stop()
 
     try:
         with pytest.raises(KeyboardInterrupt):

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from specroll.rl.config import build_config  # noqa: E402
-from specroll.rl.report import figures, summarise, write_report  # noqa: E402
+from specroll.rl.run.report import figures, summarise, write_report  # noqa: E402
 
 
 def _step(step: int, gen: float, shadow: float | None = None, **extra) -> dict:
@@ -75,7 +75,7 @@ def test_acceptance_plot_shows_the_no_gain_line_and_the_depth_used():
 
 
 def test_step_line_is_one_readable_line():
-    from specroll.rl.report import step_line
+    from specroll.rl.run.report import step_line
 
     m = _step(3, 4.0, 5.0, accuracy=0.25, response_len_mean=54.2, gen_tok_s=211.3)
     line = step_line(m, 10)

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from specroll.rl import loss as L
-from specroll.rl.batch import Batch
+from specroll.rl.algo import loss as L
 from specroll.rl.config import build_config
+from tests.conftest import make_trainer, step_batch
 
 
 def test_group_advantages_by_hand():
@@ -61,29 +61,23 @@ def test_overlong_penalty_and_kl_by_hand():
 # ---------------------------------------------------------------------- learner
 
 
-def _trainer(tiny_setup, tmp_path, *overrides):
-    from specroll.rl.draft import build_draft
-    from specroll.rl.pipeline import Trainer
-
-    policy, tok = tiny_setup
-    cfg = build_config("tiny", [f"pipeline.out_dir={tmp_path / 'run'}", *overrides])
-    draft = build_draft(cfg, policy, tok, tmp_path)
-    return Trainer(cfg, policy, tok, draft, log=lambda m: None)
+def _trainer(tiny_setup, tmp_path, *overrides, log=None):
+    return make_trainer(tiny_setup, tmp_path / "run", *overrides, log=log)
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])
 def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path, kind):
     t = _trainer(tiny_setup, tmp_path, f"draft.kind={kind}")
-    assert t.draft.kind == kind
-    results = t.rollout.engine.generate(t.work.requests(t.work.problems(0), 2, base_seed=5))
-    batch = Batch.from_results(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
-    old = t.host.learner.logprobs(batch) - 0.05  # ratios != 1: a non-trivial policy gradient
-    learner, policy, draft = t.host.learner, t.policy, t.draft
+    learner = t.host.learner
+    policy, draft = learner.policy, learner.draft
+    assert draft.kind == kind
+    batch = step_batch(t)
+    old = learner.logprobs(batch) - 0.05  # ratios != 1: a non-trivial policy gradient
     # the learner's own forward: log-probs, the draft's target and the policy states
-    logp, target, hidden = learner._forward(policy, batch, learner._draft_vocab())
+    logp, target, hidden = learner.forward(policy, batch, learner.draft_vocab())
     pl, _ = L.clipped_objective(logp, old, batch.advantages, 0.2, 0.28)
     policy_loss = L.aggregate(pl, batch.response_mask, True)
-    draft_loss, _ = learner._draft_loss(batch, hidden, target)
+    draft_loss, _ = learner.draft_loss(batch, hidden, target)
     p_params, d_params = list(policy.parameters()), list(draft.parameters())
     g = torch.autograd.grad(draft_loss, p_params + d_params, allow_unused=True, retain_graph=True)
     assert all(x is None or torch.count_nonzero(x) == 0 for x in g[: len(p_params)])
@@ -96,28 +90,30 @@ def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path, kind):
 def test_engine_logprobs_match_learner_and_versions_are_checked(tiny_setup, tmp_path):
     t = _trainer(tiny_setup, tmp_path)
     m = t.run_step()
-    from specroll.rl.mismatch import logprob_tolerance
+    from specroll.rl.algo.mismatch import logprob_tolerance
 
     assert m["logprob_mismatch_max"] <= logprob_tolerance(t.cfg.rollout.temperature)
     assert t.cfg.rollout.temperature == 1.0 and m["logprob_mismatch_max"] <= 1e-5  # strict at T=1
-    assert m["policy_version"] == 1 and t.rollout.engine.policy_version == 1
-    assert t.rollout.engine.drafter.version == 1
-    t.rollout.engine.policy_version = 0  # a stale engine must be caught, not silently trained on
+    assert m["policy_version"] == 1 and t.rollout.policy_version == 1
+    assert t.rollout.draft_version == 1
+    # a stale engine must be caught, not silently trained on
+    t.rollout.update_weights(0, t.host.weights())
     with pytest.raises(RuntimeError, match="versions"):
         t.run_step()
 
 
 def test_sync_refuses_a_mismatched_draft(tiny_setup, tmp_path):
     from specroll.drafting.train import new_eagle3
-    from specroll.rl.rollout import state
+    from specroll.rl.replica import Weights
 
     t = _trainer(tiny_setup, tmp_path)
-    other = new_eagle3(t.policy, torch.arange(32), t.draft.cfg.aux_layers, 0)
+    policy, draft = t.host.learner.policy, t.host.learner.draft
+    other = new_eagle3(policy, torch.arange(32), draft.cfg.aux_layers, 0)
     with pytest.raises(ValueError, match="lm_head"):
-        t.rollout.publish(1, state(t.policy), state(other))
+        t.rollout.update_weights(1, Weights.of(policy, other))
     with pytest.raises(ValueError, match="names differ"):
-        t.rollout.publish(1, {"no_such_tensor": next(iter(t.policy.parameters()))}, None)
-    assert t.rollout.engine.policy_version == 0  # nothing half-loaded is stamped new
+        t.rollout.update_weights(1, Weights({"no_such_tensor": next(iter(policy.parameters()))}))
+    assert t.rollout.policy_version == 0  # nothing half-loaded is stamped new
 
 
 def test_online_draft_improves_acceptance(tiny_setup, tmp_path):
@@ -146,7 +142,7 @@ def test_interrupted_and_resumed_run_repeats_the_uninterrupted_one(tiny_setup, t
 
     def stop_after_two(m):
         if m["step"] == 2:
-            t._stop = True  # what Ctrl-C does
+            t.request_stop()  # what Ctrl-C does
 
     with pytest.raises(KeyboardInterrupt):
         t.run(on_step=stop_after_two)
@@ -172,8 +168,20 @@ def test_config_errors_name_the_key(tmp_path):
         ValueError, match=r"rollout.backend must be one of \('local', 'ray', 'vllm'\)"
     ):
         build_config("tiny", ["rollout.backend=sglang"])
-    with pytest.raises(ValueError, match="ray.enabled was replaced: use rollout.backend=ray"):
+    with pytest.raises(ValueError, match="unknown config key ray.enabled; ray has:"):
         build_config("tiny", ["ray.enabled=true"])
+    with pytest.raises(ValueError, match=r"learner.placement must be one of \('auto', 'local'"):
+        build_config("tiny", ["learner.placement=cloud"])
+    placed = {
+        over: build_config("tiny", list(over)).learner_placement()
+        for over in [
+            (),
+            ("rollout.backend=ray",),
+            ("rollout.backend=ray", "learner.placement=local"),
+            ("learner.placement=ray",),
+        ]
+    }
+    assert list(placed.values()) == ["local", "ray", "local", "ray"]
     with pytest.raises(ValueError, match=r"draft.kind must be one of \('eagle3', 'mtp'\)"):
         build_config("tiny", ["draft.kind=medusa"])
 
@@ -200,7 +208,6 @@ def test_trainer_accepts_a_policy_that_already_ran_inference(tiny_setup, tmp_pat
     policy, _ = tiny_setup
     with torch.inference_mode():
         policy(torch.zeros(1, 4, dtype=torch.long))
-    assert policy._packed._value is not None
     _trainer(tiny_setup, tmp_path, "loss.kl_coef=0.01").run_step()
 
 
@@ -228,8 +235,7 @@ def test_a_learner_step_emits_no_warnings(tiny_setup, tmp_path, overrides):
     import warnings
 
     t = _trainer(tiny_setup, tmp_path, *overrides)
-    results = t.rollout.engine.generate(t.work.requests(t.work.problems(0), 2, base_seed=5))
-    batch = Batch.from_results(results, torch.tensor([1.0, -1.0] * (len(results) // 2)))
+    batch = step_batch(t)
     old = t.host.learner.logprobs(batch) - 0.05
     t.host.learner.decoupled = True  # the async path reads behaviour weights too
     with warnings.catch_warnings():
@@ -242,7 +248,7 @@ def test_a_learner_step_emits_no_warnings(tiny_setup, tmp_path, overrides):
 
 def test_logprob_tolerance_bounds_log_softmax_under_logit_error():
     """|d log_softmax(z / T)| <= 2 eps / T whenever |d z| <= eps, and the bound is tight."""
-    from specroll.rl.mismatch import EPS_LOGIT, logprob_tolerance
+    from specroll.rl.algo.mismatch import EPS_LOGIT, logprob_tolerance
 
     g = torch.Generator().manual_seed(0)
     eps = 1e-3
@@ -286,7 +292,7 @@ def test_shadow_rollouts_measure_plain_decoding_and_change_nothing(tiny_setup, t
 
 
 def test_mismatch_statistics_by_hand():
-    from specroll.rl.mismatch import mismatch_stats
+    from specroll.rl.algo.mismatch import mismatch_stats
 
     engine = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.2, 0.3]]))
     learner = torch.log(torch.tensor([[0.4, 0.25, 0.3], [0.2, 0.2, 0.3]]))
@@ -330,23 +336,23 @@ def test_recompute_auto_trains_on_engine_logprobs_and_checks_them(tiny_setup, tm
 
 def test_recompute_auto_falls_back_when_a_check_fails(tiny_setup, tmp_path):
     logs: list[str] = []
-    t = _trainer(tiny_setup, tmp_path, "learner.check_every=1")
-    t.log = logs.append
+    t = _trainer(tiny_setup, tmp_path, "learner.check_every=1", log=logs.append)
     real = t.host.logprobs
     t.host.logprobs = lambda b: (real(b)[0] - 0.01 * b.response_mask, None)  # a bad learner
     m = t.run_step()
     assert m["logprob_check"] is False and m["logprob_source"] == "learner"
     assert m["logprob_mismatch_max"] == pytest.approx(0.01, rel=1e-3)
-    assert t.logprob_fallback and any("recomputing the log-probs from now on" in x for x in logs)
+    assert t.old_logprobs.fallback
+    assert any("recomputing the log-probs from now on" in x for x in logs)
     m = t.run_step()  # from now on: recomputed every step, no check
     assert m["logprob_source"] == "learner" and m["logprob_check"] is None
-    assert t.state()["logprob_fallback"] is True  # survives a resume
+    assert t.checkpoint_state()["logprob_fallback"] is True  # survives a resume
 
 
 def test_recompute_auto_is_off_where_engine_logprobs_are_not_the_old_ones():
-    from specroll.rl.pipeline import engine_logprobs_usable
+    from specroll.rl.algo.old_logprobs import engine_usable
 
-    assert engine_logprobs_usable(build_config("tiny"))
+    assert engine_usable(build_config("tiny"))
     for over in (
         "rollout.dtype=bfloat16",
         "learner.dtype=bfloat16",
@@ -354,4 +360,4 @@ def test_recompute_auto_is_off_where_engine_logprobs_are_not_the_old_ones():
         "loss.kl_coef=0.1",
         "learner.recompute_logprobs=always",
     ):
-        assert not engine_logprobs_usable(build_config("tiny", [over])), over
+        assert not engine_usable(build_config("tiny", [over])), over

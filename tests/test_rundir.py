@@ -64,6 +64,15 @@ def test_resume_refuses_another_runs_checkpoint(home, tmp_path, capsys):
     shutil.copytree(a / "checkpoints" / "step-000003", b / "checkpoints" / "step-000003")
     assert _train(b, "--resume", "--steps", "4", "--set", "data.val_size=0") == 2
     assert "belongs to run" in _err(capsys)
+    # a checkpoint of an older layout (no format in meta.json) is refused by name
+    meta = b / "checkpoints" / "step-000003" / "meta.json"
+    shutil.rmtree(b / "checkpoints" / "step-000001")
+    old = json.loads(meta.read_text())
+    old.pop("format")
+    old["run_id"] = json.loads((b / "run.json").read_text())["run_id"]
+    meta.write_text(json.dumps(old))
+    assert _train(b, "--resume", "--steps", "4", "--set", "data.val_size=0") == 2
+    assert "checkpoint format 1, this specroll reads format 2" in _err(capsys)
 
 
 def test_resume_is_checked_before_any_work(home, tmp_path, capsys):

@@ -45,7 +45,7 @@ def test_verification_regimes():
     assert ratio(512, 500) > 2.5  # compute bound: close to k+1
     assert ratio(256, 16000) < ratio(256, 1000)  # long context: shared KV read (MagicDec)
     moe = AnalyticStep(MODELS["qwen3-30b-a3b"], HARDWARE["h100"])
-    assert moe._weights_read(1) < moe._weights_read(64) < moe._weights_read(4096)
+    assert moe.weights_read(1) < moe.weights_read(64) < moe.weights_read(4096)
 
 
 def test_rollout_simulation_batch_shrinks_and_speculation_helps_the_tail():

@@ -1,4 +1,4 @@
-"""vLLM as a rollout backend (`specroll.rl.vllm_rollout`), on tiny models through vLLM.
+"""vLLM as a rollout backend (`specroll.rl.rollout.vllm`), on tiny models through vLLM.
 
 * Greedy: token-identical to specroll's own engine (EAGLE-3 k = 3), stop tokens included.
 * Log-probs: vLLM's processed log-probs of speculative samples equal the learner's
@@ -30,9 +30,10 @@ from specroll.drafters.eagle3_io import save_eagle3  # noqa: E402
 from specroll.engine import Engine, Request, SamplingParams  # noqa: E402
 from specroll.model import ModelConfig, Transformer  # noqa: E402
 from specroll.model.weights import save_model  # noqa: E402
-from specroll.rl.batch import Batch  # noqa: E402
-from specroll.rl.rollout import state  # noqa: E402
-from specroll.rl.vllm_rollout import VllmRollout, patch_expand  # noqa: E402
+from specroll.rl.algo.batch import Batch  # noqa: E402
+from specroll.rl.replica import ReplicaSpec, Weights  # noqa: E402
+from specroll.rl.rollout.vllm import VllmRollout  # noqa: E402
+from specroll.rl.rollout.vllm_patch import patch_expand  # noqa: E402
 from tests.test_learner import learner  # noqa: E402
 from tests.test_spec_engine import PROMPT, VOCAB, _exact_joint, _pvalue, _shifted  # noqa: E402
 
@@ -189,7 +190,7 @@ def test_refit_in_place_equals_a_fresh_engine(tmp_path):
     before = roll.generate_now(reqs)  # fills the prefix cache with old-weight blocks
     times = []
     for v in (1, 2):  # the second refit: timing without first-call effects
-        roll.publish(v, state(new_t), state(new_d))
+        roll.update_weights(v, Weights.of(new_t, new_d))
         times.append(roll.refit_s)
     print(
         f"refit (policy + draft, {sum(p.numel() for p in new_t.parameters())} params): "
@@ -223,26 +224,28 @@ def test_refit_on_ray_workers_equals_fresh_workers(tmp_path):
     vLLM engine on the first weights it is sent and refits in place on the next ones; the
     refit workers then generate what workers started on the new weights generate."""
     ray = pytest.importorskip("ray")
-    from specroll.rl.config import RayConfig, RolloutConfig
-    from specroll.rl.ray_rollout import RayRollout
+    from specroll.rl.config import RayConfig, RolloutConfig, TrainConfig
+    from specroll.rl.rollout.ray import RayRollout
 
     old_t, new_t = _target(0), _target(1)
     old_d, new_d = _draft(old_t, 3), _draft(new_t, 4)
-    rc = RayConfig(worker_backend="vllm", workers=2)
-    roll_cfg = RolloutConfig(k=K, depth="fixed", max_batch=16, device="cpu")
-    spec = (Eagle3Head, old_d.cfg)
+    cfg = TrainConfig(
+        rollout=RolloutConfig(k=K, depth="fixed", max_batch=16, device="cpu"),
+        ray=RayConfig(worker_backend="vllm", workers=2),
+    )
+    spec = ReplicaSpec.of(old_t, old_d)
     reqs = _refit_requests()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        roll = RayRollout(rc, old_t.cfg, spec, roll_cfg, [])
-        roll.publish(0, state(old_t), state(old_d))
-        before, _ = roll.generate(reqs)
-        roll.publish(1, state(new_t), state(new_d))
-        refit, stats = roll.generate(reqs)
+        roll = RayRollout(cfg, spec, [])
+        roll.update_weights(0, Weights.of(old_t, old_d))
+        before = roll.generate(reqs)
+        roll.update_weights(1, Weights.of(new_t, new_d))
+        refit = roll.generate(reqs)
         roll.close()
-        fresh = RayRollout(rc, old_t.cfg, spec, roll_cfg, [])
-        fresh.publish(1, state(new_t), state(new_d))
-        again, fresh_stats = fresh.generate(reqs)
+        fresh = RayRollout(cfg, spec, [])
+        fresh.update_weights(1, Weights.of(new_t, new_d))
+        again = fresh.generate(reqs)
         fresh.close()
     finally:
         ray.shutdown()
@@ -250,7 +253,8 @@ def test_refit_on_ray_workers_equals_fresh_workers(tmp_path):
     assert all((r.policy_version, r.draft_version) == (1, 1) for r in refit)
     assert [r.token_ids for r in refit] != [r.token_ids for r in before]
     _same(refit, again)
-    assert stats.drafts > 0 and stats.accepted_per_pos == fresh_stats.accepted_per_pos
+    assert refit.stats.drafts > 0
+    assert refit.stats.accepted_per_pos == again.stats.accepted_per_pos
 
 
 # ---------------------------------------------------------------- bench backends
@@ -261,7 +265,7 @@ def test_bench_backends_compares_both_engines_on_the_same_requests(tmp_path):
     rows carry its acceptance from its counters, the own engine's the ratio against it.
     (Before the χ² tests: vLLM 0.32 starts no engine in a process where an n-gram engine
     has run, docs/vllm_cpu_defects.md.)"""
-    from specroll.rl.backend_bench import bench_backends
+    from specroll.rl.rollout.bench import bench_backends
 
     target = _target(0, std=0.15)
     policy_dir, draft_dir = _save(tmp_path, target, _draft(target, 3))

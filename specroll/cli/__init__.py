@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         common.console.print("[yellow]interrupted[/]")
         return 130
     except RuntimeError as e:
-        from specroll.rl.fsdp_host import LearnerRankError
+        from specroll.rl.learner.host import LearnerRankError
 
         if not isinstance(e, LearnerRankError):
             raise

@@ -136,7 +136,7 @@ def cmd_bench_profile(args: argparse.Namespace) -> None:
 
 def cmd_bench_backends(args: argparse.Namespace) -> None:
     from specroll.model.hub import resolve
-    from specroll.rl.backend_bench import bench_backends, builtin_prompt_ids, check_settings
+    from specroll.rl.rollout.bench import bench_backends, builtin_prompt_ids, check_settings
 
     try:
         batches = [int(b) for b in args.batches.split(",")]

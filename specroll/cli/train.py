@@ -9,10 +9,9 @@ from rich.table import Table
 from specroll.cli import common
 
 
-def cmd_train(args: argparse.Namespace) -> None:
+def _config(args: argparse.Namespace):
+    """The run's TrainConfig: the preset, then the shorthands, then every --set."""
     from specroll.rl.config import build_config
-    from specroll.rl.draft import build_draft
-    from specroll.rl.pipeline import Trainer
 
     overrides = list(args.set or [])
     if args.out:
@@ -24,30 +23,32 @@ def cmd_train(args: argparse.Namespace) -> None:
             overrides.insert(0, f"{side}.device={args.device}")
         if args.dtype:
             overrides.insert(0, f"{side}.dtype={args.dtype}")
-    cfg = build_config(args.preset, overrides)
-    from specroll.rl import rundir
-    from specroll.rl.workload import task_items
+    return build_config(args.preset, overrides)
 
-    # a bad dataset, a foreign or mismatched checkpoint, or an occupied output directory
-    # fail before any model is loaded or any file is written
+
+def _plan(cfg, args: argparse.Namespace):
+    """What the run may do in its directory, decided before any model is loaded or any
+    file is written: a bad dataset, a device this machine lacks, a foreign or mismatched
+    checkpoint, or an occupied output directory fail here."""
+    from specroll.device import resolve_device
+    from specroll.rl.run import rundir
+    from specroll.rl.run.task import task_items
+
     task_items(cfg)
-    if cfg.rollout.backend == "local":  # (Ray workers and actors resolve theirs where they run)
-        from specroll.device import resolve_device
-
+    # (Ray workers and actors resolve theirs where they run)
+    if cfg.rollout.backend == "local":
         resolve_device(cfg.rollout.device, "rollout.device")
+    if cfg.learner_placement() == "local":
         resolve_device(cfg.learner.device, "learner.device")
-    plan = rundir.check(
+    return rundir.check(
         cfg.pipeline.out_dir, cfg.to_dict(), cfg.pipeline.steps, args.resume, args.overwrite
     )
-    if plan.action == "finished":
-        common.console.print(
-            plan.finished_message(cfg.pipeline.out_dir, cfg.pipeline.steps),
-            markup=False,
-            highlight=False,
-        )
-        return
-    path = common.resolve_model_dir(cfg.policy.model)
-    policy, tok = common.load_dir(path)
+
+
+def _draft(cfg, policy, tok, path):
+    """The draft the run starts from, with progress bars while a default one is built."""
+    from specroll.rl.run.draft import build_draft
+
     with common.progress_bar() as bar:
         tasks: dict[str, int] = {}
         name = {"eagle3": "EAGLE-3", "mtp": "MTP"}[cfg.draft.kind]
@@ -60,7 +61,45 @@ def cmd_train(args: argparse.Namespace) -> None:
             desc = f"{label} ({info})" if info else label
             bar.update(tasks[stage], completed=done, total=total, description=desc)
 
-        draft = build_draft(cfg, policy, tok, path, progress=on_draft)
+        return build_draft(cfg, policy, tok, path, progress=on_draft)
+
+
+COLUMNS = ("step", "reward", "val acc", "resp len", "AL", "gen s", "logprob s", "train s", "tok/s")
+"""The summary table printed at the end of a run on a terminal."""
+
+
+def _row(m: dict) -> list[str]:
+    """A step's row of the summary table."""
+    t, al = m["time"], m["acceptance_length"]
+    return [
+        str(m["step"]),
+        f"{m['reward']:.3f}",
+        "" if "val_accuracy" not in m else f"{m['val_accuracy']:.3f}",
+        f"{m['response_len_mean']:.0f}",
+        "-" if al is None else f"{al:.2f}",
+        f"{t['gen']:.1f}",
+        f"{t['logprob']:.1f}",
+        f"{t['train']:.1f}",
+        f"{m['gen_tok_s']:.0f}",
+    ]
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from specroll.rl.run.report import step_line
+    from specroll.rl.run.trainer import Trainer
+
+    cfg = _config(args)
+    plan = _plan(cfg, args)
+    if plan.action == "finished":
+        common.console.print(
+            plan.finished_message(cfg.pipeline.out_dir, cfg.pipeline.steps),
+            markup=False,
+            highlight=False,
+        )
+        return
+    path = common.resolve_model_dir(cfg.policy.model)
+    policy, tok = common.load_dir(path)
+    draft = _draft(cfg, policy, tok, path)
     trainer = Trainer(cfg, policy, tok, draft, log=common.console.print)
     common.console.print(
         f"[bold]specroll train[/] preset={args.preset} model={cfg.policy.model} "
@@ -68,39 +107,15 @@ def cmd_train(args: argparse.Namespace) -> None:
         f"out={cfg.pipeline.out_dir}"
     )
     table = Table(title="RL steps")
-    for col in (
-        "step",
-        "reward",
-        "val acc",
-        "resp len",
-        "AL",
-        "gen s",
-        "logprob s",
-        "train s",
-        "tok/s",
-    ):
+    for col in COLUMNS:
         table.add_column(col, justify="right")
-    from specroll.rl.report import step_line
-
     with common.progress_bar() as bar:
         task = bar.add_task("RL steps", total=cfg.pipeline.steps, completed=trainer.step)
 
         def on_step(m: dict) -> None:
             if "time" not in m:
                 return
-            t = m["time"]
-            al = m["acceptance_length"]
-            table.add_row(
-                str(m["step"]),
-                f"{m['reward']:.3f}",
-                "" if "val_accuracy" not in m else f"{m['val_accuracy']:.3f}",
-                f"{m['response_len_mean']:.0f}",
-                "-" if al is None else f"{al:.2f}",
-                f"{t['gen']:.1f}",
-                f"{t['logprob']:.1f}",
-                f"{t['train']:.1f}",
-                f"{m['gen_tok_s']:.0f}",
-            )
+            table.add_row(*_row(m))
             common.console.print(
                 step_line(m, cfg.pipeline.steps), markup=False, highlight=False, soft_wrap=True
             )
@@ -108,7 +123,7 @@ def cmd_train(args: argparse.Namespace) -> None:
                 task, completed=m["step"], description=f"RL steps (reward {m['reward']:.3f})"
             )
 
-        trainer.run(resume=args.resume, on_step=on_step, overwrite=args.overwrite)
+        trainer.run(on_step=on_step, plan=plan)
     if common.console.is_terminal:  # off a terminal the step lines above are the record
         common.console.print(table)
     common.console.print(

@@ -77,14 +77,6 @@ class TrainableDraft(Protocol):
         """Make forwards differentiable through the parameters (no prepacked copies)."""
 
 
-def replica(draft: TrainableDraft, policy: Transformer) -> TrainableDraft:
-    """A copy of `draft` (same weights, its own tensors) on top of `policy`: the engine's
-    copy of the learner's draft, or the draft rebuilt in another process."""
-    twin = type(draft)(draft.cfg, policy)
-    twin.load_state_dict(draft.state_dict())
-    return twin.eval()
-
-
 def save_draft(draft: TrainableDraft, out_dir: str | Path) -> None:
     """Write `draft` in its serving layout into out_dir (loadable by `load_draft`): EAGLE-3
     as config.json + model.safetensors (vLLM's layout), MTP as config.json +

@@ -50,11 +50,11 @@ class MklPacked(NamedTuple):
     weight_t: torch.Tensor
 
 
-def _mkl_available() -> bool:
+def mkl_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
-def _onednn_available() -> bool:
+def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(
         torch.ops.mkldnn, "_reorder_linear_weight"
     )
@@ -113,7 +113,7 @@ def cpu_gemm() -> str | None:
     if name not in ("auto", *GEMMS):
         raise ValueError(f"{_ENV} must be one of auto, {', '.join(GEMMS)}; got {name!r}")
     if name == "mkl" or (name == "auto" and _cpu_vendor() == "GenuineIntel"):
-        if _mkl_available() and _mkl_packing_works():
+        if mkl_available() and _mkl_packing_works():
             return "mkl"
         if name == "mkl":
             warnings.warn(
@@ -121,7 +121,7 @@ def cpu_gemm() -> str | None:
                 RuntimeWarning,
                 stacklevel=2,
             )
-    return "onednn" if _onednn_available() else None
+    return "onednn" if onednn_available() else None
 
 
 def _bf16_native() -> bool:
@@ -138,7 +138,7 @@ def packing(w: torch.Tensor) -> str | None:
         return None
     if w.dtype == torch.float32:
         return cpu_gemm()
-    if w.dtype == torch.bfloat16 and _onednn_available() and _bf16_native():
+    if w.dtype == torch.bfloat16 and onednn_available() and _bf16_native():
         return "onednn"
     return None
 

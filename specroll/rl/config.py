@@ -9,28 +9,40 @@ message that names them and lists what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from specroll.device import check_device_name, check_dtype_name
 from specroll.drafters.trainable import KINDS
-from specroll.rl.backends import BACKENDS
+from specroll.rl.config_io import apply_overrides, build_sections, read_yaml
+from specroll.tasks.arithmetic import LEVELS
 
 PRESETS = Path(__file__).parent / "presets"
+ROLLOUT_BACKENDS = ("local", "ray", "vllm")
+"""`rollout.backend` values (the modules that build them: `rl.rollout.BACKENDS`)."""
+DEPTHS = ("fixed", "adaptive")
+"""`rollout.depth` values."""
 WORKER_BACKENDS = ("local", "vllm")
 """In-process backends a Ray rollout worker can run (`ray.worker_backend`)."""
-MOVED = {("ray", "enabled"): "rollout.backend=ray (or local)"}
-"""Settings that moved, with what replaces them (a clear error instead of 'unknown')."""
 
 
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
+
+
+def _bound(section: str, cfg: Any, name: str, low: float, above: bool = False) -> None:
+    """ValueError naming `section.name` unless its value is >= low (> low: `above`)."""
+    value = getattr(cfg, name)
+    ok = value > low if above else value >= low
+    _check(ok, f"{section}.{name} must be {'>' if above else '>='} {low}, got {value}")
+
+
+def _one_of(section: str, cfg: Any, name: str, allowed: tuple) -> None:
+    """ValueError naming `section.name` and the allowed values unless it is one of them."""
+    value = getattr(cfg, name)
+    _check(value in allowed, f"{section}.{name} must be one of {allowed}, got {value!r}")
 
 
 @dataclass
@@ -49,9 +61,9 @@ class PolicyConfig:
     """Sequences per learner forward (gradients accumulate over micro-batches)."""
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0, f"policy.lr must be > 0, got {self.lr}")
-        _check(self.grad_clip > 0, f"policy.grad_clip must be > 0, got {self.grad_clip}")
-        _check(self.micro_batch >= 1, f"policy.micro_batch must be >= 1, got {self.micro_batch}")
+        _bound("policy", self, "lr", 0, above=True)
+        _bound("policy", self, "grad_clip", 0, above=True)
+        _bound("policy", self, "micro_batch", 1)
 
 
 @dataclass
@@ -87,25 +99,13 @@ class RolloutConfig:
     verifier stay fp32 either way: speculation is exact for the engine's distribution)."""
 
     def __post_init__(self) -> None:
-        _check(self.temperature > 0, f"rollout.temperature must be > 0, got {self.temperature}")
-        _check(
-            self.max_new_tokens >= 1,
-            f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}",
-        )
-        _check(self.max_batch >= 1, f"rollout.max_batch must be >= 1, got {self.max_batch}")
-        _check(self.k >= 1, f"rollout.k must be >= 1, got {self.k}")
-        _check(
-            self.spec_max_batch >= 0,
-            f"rollout.spec_max_batch must be >= 0, got {self.spec_max_batch}",
-        )
-        _check(
-            self.depth in ("fixed", "adaptive"),
-            f"rollout.depth must be 'fixed' or 'adaptive', got {self.depth!r}",
-        )
-        _check(
-            self.backend in BACKENDS,
-            f"rollout.backend must be one of {tuple(BACKENDS)}, got {self.backend!r}",
-        )
+        _bound("rollout", self, "temperature", 0, above=True)
+        _bound("rollout", self, "max_new_tokens", 1)
+        _bound("rollout", self, "max_batch", 1)
+        _bound("rollout", self, "k", 1)
+        _bound("rollout", self, "spec_max_batch", 0)
+        _one_of("rollout", self, "depth", DEPTHS)
+        _one_of("rollout", self, "backend", ROLLOUT_BACKENDS)
         check_device_name("rollout.device", self.device)
         check_dtype_name("rollout.dtype", self.dtype)
 
@@ -114,6 +114,8 @@ RECOMPUTE = ("auto", "always")
 """`learner.recompute_logprobs` values."""
 STRATEGIES = ("single", "fsdp")
 """`learner.strategy` values."""
+PLACEMENTS = ("auto", "local", "ray")
+"""`learner.placement` values."""
 
 
 @dataclass
@@ -136,12 +138,13 @@ class LearnerConfig:
     """'single' (one process) or 'fsdp' (`ranks` processes, FSDP2-sharded policy)."""
     ranks: int = 1
     """Learner ranks (data-parallel, one process group); more than 1 needs strategy 'fsdp'."""
+    placement: str = "auto"
+    """Where the learner runs: 'local' (this process, or local processes for FSDP ranks),
+    'ray' (Ray actors: weights then go from the learner to Ray rollout workers without
+    passing through this process), or 'auto' (ray when rollout.backend is ray)."""
 
     def __post_init__(self) -> None:
-        _check(
-            self.strategy in STRATEGIES,
-            f"learner.strategy must be one of {STRATEGIES}, got {self.strategy!r}",
-        )
+        _one_of("learner", self, "strategy", STRATEGIES)
         _check(
             isinstance(self.ranks, int) and self.ranks >= 1,
             f"learner.ranks must be an integer >= 1, got {self.ranks!r}",
@@ -150,14 +153,11 @@ class LearnerConfig:
             self.ranks == 1 or self.strategy == "fsdp",
             f"learner.ranks={self.ranks} needs learner.strategy=fsdp (single is one process)",
         )
+        _one_of("learner", self, "placement", PLACEMENTS)
         check_device_name("learner.device", self.device)
         check_dtype_name("learner.dtype", self.dtype)
-        _check(
-            self.recompute_logprobs in RECOMPUTE,
-            f"learner.recompute_logprobs must be one of {RECOMPUTE}, "
-            f"got {self.recompute_logprobs!r}",
-        )
-        _check(self.check_every >= 1, f"learner.check_every must be >= 1, got {self.check_every}")
+        _one_of("learner", self, "recompute_logprobs", RECOMPUTE)
+        _bound("learner", self, "check_every", 1)
 
 
 @dataclass
@@ -184,18 +184,18 @@ class DraftConfig:
     """Draft vocabulary when init='random'."""
 
     def __post_init__(self) -> None:
-        _check(self.weight >= 0, f"draft.weight must be >= 0, got {self.weight}")
-        _check(self.lr > 0, f"draft.lr must be > 0, got {self.lr}")
-        _check(self.ttt_steps >= 1, f"draft.ttt_steps must be >= 1, got {self.ttt_steps}")
+        _bound("draft", self, "weight", 0)
+        _bound("draft", self, "lr", 0, above=True)
+        _bound("draft", self, "ttt_steps", 1)
         _check(
             0 < self.step_decay <= 1, f"draft.step_decay must be in (0, 1], got {self.step_decay}"
         )
-        _check(self.kind in KINDS, f"draft.kind must be one of {KINDS}, got {self.kind!r}")
+        _one_of("draft", self, "kind", KINDS)
 
 
 @dataclass
 class LossConfig:
-    """GRPO / DAPO objective (see rl.loss)."""
+    """GRPO / DAPO objective (see rl.algo.loss)."""
 
     clip_low: float = 0.2
     """Lower clip range: ratio >= 1 - clip_low."""
@@ -223,16 +223,10 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         _check(0 <= self.clip_low < 1, f"loss.clip_low must be in [0, 1), got {self.clip_low}")
-        _check(self.clip_high >= 0, f"loss.clip_high must be >= 0, got {self.clip_high}")
-        _check(
-            self.overlong_buffer >= 0,
-            f"loss.overlong_buffer must be >= 0, got {self.overlong_buffer}",
-        )
-        _check(self.kl_coef >= 0, f"loss.kl_coef must be >= 0, got {self.kl_coef}")
-        _check(
-            self.updates_per_step >= 1,
-            f"loss.updates_per_step must be >= 1, got {self.updates_per_step}",
-        )
+        _bound("loss", self, "clip_high", 0)
+        _bound("loss", self, "overlong_buffer", 0)
+        _bound("loss", self, "kl_coef", 0)
+        _bound("loss", self, "updates_per_step", 1)
         _check(
             self.tis_cap == 0 or self.tis_cap >= 1,
             f"loss.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}",
@@ -258,23 +252,18 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         self.levels = tuple(int(x) for x in self.levels)
-        from specroll.tasks.arithmetic import LEVELS
-
         bad = [lv for lv in self.levels if lv not in LEVELS]
         _check(
             bool(self.levels) and not bad,
             f"data.levels must be a non-empty subset of {sorted(LEVELS)}, got {list(self.levels)}",
         )
-        _check(
-            self.prompts_per_step >= 1,
-            f"data.prompts_per_step must be >= 1, got {self.prompts_per_step}",
-        )
+        _bound("data", self, "prompts_per_step", 1)
         _check(
             self.group_size >= 2,
             f"data.group_size must be >= 2 (GRPO compares samples), got {self.group_size}",
         )
-        _check(self.val_size >= 0, f"data.val_size must be >= 0, got {self.val_size}")
-        _check(self.val_every >= 1, f"data.val_every must be >= 1, got {self.val_every}")
+        _bound("data", self, "val_size", 0)
+        _bound("data", self, "val_every", 1)
         if self.task != "math" and not Path(self.task).is_file():
             raise ValueError(f"data.task must be 'math' or an existing file, got {self.task!r}")
 
@@ -299,20 +288,14 @@ class PipelineConfig:
     (0 = never)."""
     max_lag: int = 0
     """Asynchronous RL: rollouts for steps t+1..t+max_lag are generated while the learner
-    trains step t, so a sample may come from a policy up to max_lag updates old (older
-    ones are dropped and counted). 0 = synchronous. Overlap needs the Ray backend."""
+    trains step t (samples up to max_lag updates old; older ones are dropped and counted).
+    0 = synchronous. Overlap needs the Ray backend."""
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 1, f"pipeline.steps must be >= 1, got {self.steps}")
-        _check(self.max_lag >= 0, f"pipeline.max_lag must be >= 0, got {self.max_lag}")
-        _check(
-            self.checkpoint_every >= 0,
-            f"pipeline.checkpoint_every must be >= 0, got {self.checkpoint_every}",
-        )
-        _check(
-            self.keep_checkpoints >= 1,
-            f"pipeline.keep_checkpoints must be >= 1, got {self.keep_checkpoints}",
-        )
+        _bound("pipeline", self, "steps", 1)
+        _bound("pipeline", self, "max_lag", 0)
+        _bound("pipeline", self, "checkpoint_every", 0)
+        _bound("pipeline", self, "keep_checkpoints", 1)
 
 
 @dataclass
@@ -325,8 +308,8 @@ class LogConfig:
 
 @dataclass
 class RayConfig:
-    """Ray placement (`rollout.backend: ray`): rollout workers, each an engine replica
-    (policy + draft), and the learner in its own actor."""
+    """Ray placement: rollout workers (`rollout.backend: ray`), each an engine replica
+    (policy + draft), and the learner's actors (`learner.placement: ray`)."""
 
     worker_backend: str = "local"
     """The engine inside each worker: 'local' (specroll's engine) or 'vllm' (one vLLM engine
@@ -342,29 +325,19 @@ class RayConfig:
     max_restarts: int = 3
     """Times a step may restart dead workers (re-queueing their prompts) before failing."""
     learner_cpus: float = 0.0
-    """CPUs the learner actor reserves (0 = none: it shares the node, as a driver would)."""
+    """CPUs each learner actor (rank) reserves (0 = none: it shares the node, as a driver
+    would)."""
     learner_gpus: float = 0.0
-    """GPUs the learner actor reserves."""
+    """GPUs each learner actor (rank) reserves."""
 
     def __post_init__(self) -> None:
-        _check(
-            self.worker_backend in WORKER_BACKENDS,
-            f"ray.worker_backend must be one of {WORKER_BACKENDS}, got {self.worker_backend!r}",
-        )
-        _check(self.workers >= 1, f"ray.workers must be >= 1, got {self.workers}")
-        _check(
-            self.cpus_per_worker > 0, f"ray.cpus_per_worker must be > 0, got {self.cpus_per_worker}"
-        )
-        _check(
-            self.gpus_per_worker >= 0,
-            f"ray.gpus_per_worker must be >= 0, got {self.gpus_per_worker}",
-        )
-        _check(self.max_restarts >= 0, f"ray.max_restarts must be >= 0, got {self.max_restarts}")
-        _check(
-            self.learner_cpus >= 0 and self.learner_gpus >= 0,
-            f"ray.learner_cpus / learner_gpus must be >= 0, got {self.learner_cpus} / "
-            f"{self.learner_gpus}",
-        )
+        _one_of("ray", self, "worker_backend", WORKER_BACKENDS)
+        _bound("ray", self, "workers", 1)
+        _bound("ray", self, "cpus_per_worker", 0, above=True)
+        _bound("ray", self, "gpus_per_worker", 0)
+        _bound("ray", self, "max_restarts", 0)
+        _bound("ray", self, "learner_cpus", 0)
+        _bound("ray", self, "learner_gpus", 0)
 
 
 @dataclass
@@ -384,67 +357,21 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-def _coerce(where: str, value: Any, typ: Any) -> Any:
-    """Check/convert a YAML value to a field's annotated type."""
-    if isinstance(typ, str):
-        typ = eval(typ, {"tuple": tuple, "int": int, "float": float, "str": str, "bool": bool})  # noqa: S307
-    origin = typing.get_origin(typ)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where} must be a list, got {value!r}")
-        return tuple(_coerce(where, v, typing.get_args(typ)[0]) for v in value)
-    if origin in (typing.Union, types.UnionType):
-        return value
-    if typ is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{where} must be true or false, got {value!r}")
-        return value
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if typ is float and isinstance(value, str):  # PyYAML reads "3e-3" as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if typ in (int, float, str) and not (isinstance(value, typ) and not isinstance(value, bool)):
-        raise ValueError(f"{where} must be {typ.__name__}, got {value!r}")
-    return value
+    def learner_placement(self) -> str:
+        """'local' or 'ray': `learner.placement`, with 'auto' resolved."""
+        placement = self.learner.placement
+        if placement == "auto":
+            return "ray" if self.rollout.backend == "ray" else "local"
+        return placement
 
 
-SECTIONS: dict[str, type] = {
-    "policy": PolicyConfig,
-    "rollout": RolloutConfig,
-    "learner": LearnerConfig,
-    "draft": DraftConfig,
-    "loss": LossConfig,
-    "data": DataConfig,
-    "pipeline": PipelineConfig,
-    "log": LogConfig,
-    "ray": RayConfig,
-}
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)}
+"""Section name -> its dataclass (the fields of TrainConfig)."""
 
 
 def from_dict(raw: dict[str, Any]) -> TrainConfig:
     """Build a TrainConfig from {section: {field: value}}; unknown names are errors."""
-    kwargs = {}
-    for name, values in (raw or {}).items():
-        if name not in SECTIONS:
-            raise ValueError(f"unknown config section {name!r}; sections: {', '.join(SECTIONS)}")
-        if not isinstance(values, dict):
-            raise ValueError(f"config section {name!r} must be a mapping, got {values!r}")
-        cls = SECTIONS[name]
-        fields = {f.name: f.type for f in dataclasses.fields(cls)}
-        args = {}
-        for key, value in values.items():
-            if (name, key) in MOVED:
-                raise ValueError(f"{name}.{key} was replaced: use {MOVED[name, key]}")
-            if key not in fields:
-                allowed = ", ".join(fields)
-                raise ValueError(f"unknown config key {name}.{key}; {name} has: {allowed}")
-            args[key] = _coerce(f"{name}.{key}", value, fields[key])
-        kwargs[name] = cls(**args)
-    return TrainConfig(**kwargs)
+    return TrainConfig(**build_sections(raw, SECTIONS))
 
 
 def load_preset(name: str) -> dict[str, Any]:
@@ -457,44 +384,7 @@ def load_preset(name: str) -> dict[str, Any]:
             raise ValueError(f"unknown preset {name!r}; presets: {', '.join(names)}")
     elif not path.is_file():
         raise ValueError(f"config file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:  # yaml's message names no file: say which, and where
-        raise ValueError(f"{path}: not valid YAML{_yaml_where(e)}") from e
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
-    for section, values in raw.items():
-        if values is not None and not isinstance(values, dict):
-            raise ValueError(
-                f"{path}: section {section!r} must be a mapping of keys to values, "
-                f"got {type(values).__name__} {values!r}"
-            )
-    return raw
-
-
-def _yaml_where(e: yaml.YAMLError) -> str:
-    """' at line L, column C: problem (while parsing ... started at line M)' from a yaml
-    error's marks (1-based), or ': message' when it carries none."""
-    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
-    if mark is None or not problem:
-        return f": {' '.join(str(e).split())}"
-    out = f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"
-    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
-    if context and cmark is not None:
-        out += f" ({context} started at line {cmark.line + 1})"
-    return out
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply 'section.key=value' strings (value parsed as YAML) to a raw mapping."""
-    out = {k: dict(v or {}) for k, v in raw.items()}
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        section, dot, name = key.strip().partition(".")
-        if not sep or not dot or not name:
-            raise ValueError(f"--set expects section.key=value, got {item!r}")
-        out.setdefault(section, {})[name] = yaml.safe_load(text)
-    return out
+    return read_yaml(path)
 
 
 def build_config(preset: str = "default", overrides: list[str] | None = None) -> TrainConfig:

@@ -52,7 +52,7 @@ class AnalyticStep:
     def gpus(self) -> int:
         return self.tp * self.ep
 
-    def _weights_read(self, n_tokens: float) -> float:
+    def weights_read(self, n_tokens: float) -> float:
         m = self.model
         dense = m.layers * m.attn_params + 2 * m.vocab * m.hidden
         if not m.experts:
@@ -67,7 +67,7 @@ class AnalyticStep:
         m, hw = self.model, self.hw
         n = B * q
         kv = B * ctx * m.kv_bytes_per_token / self.gpus  # rows spread over the replica
-        t_mem = (self._weights_read(n) + kv) / (hw.mem_bw * hw.mem_eff)
+        t_mem = (self.weights_read(n) + kv) / (hw.mem_bw * hw.mem_eff)
         attn_flops = 4 * n * ctx * m.q_heads * m.head_dim * m.layers
         t_flop = (2 * m.params_active * n + attn_flops) / (self.gpus * self.flops * hw.flop_eff)
         t_comm = 0.0

@@ -90,5 +90,35 @@ def predicting_positions(
         torch.full((n - p,), r, dtype=torch.long, device="cpu") for r, (p, n) in enumerate(spans)
     ]
     cols = [torch.arange(p - 1, n - 1, device="cpu") for p, n in spans]
-    rc = torch.stack([torch.cat(rows), torch.cat(cols)]).to(device, non_blocking=True)
-    return rc[0], rc[1]
+    where = torch.stack([torch.cat(rows), torch.cat(cols)]).to(device, non_blocking=True)
+    return where[0], where[1]
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch as the learner runs it (rows of the batch it was cut from)."""
+
+    idx: list[int]
+    """Rows of the batch (ascending length)."""
+    width: int
+    """Their widest length."""
+    prompt_lens: list[int]
+    """Their prompt lengths."""
+    lengths: list[int]
+    """Their lengths."""
+
+    def where(self, b: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`predicting_positions` of the micro-batch `b` (cut with these rows)."""
+        return predicting_positions(b, device, self.prompt_lens, self.lengths)
+
+
+def plan_micro_batches(batch: Batch, size: int) -> list[MicroBatch]:
+    """Micro-batches of `size` rows in ascending length (little padding), planned from the
+    lengths on the host (one read for the whole batch)."""
+    lengths, prompts = batch.lengths.tolist(), batch.prompt_lens.tolist()
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks = [order[i : i + size] for i in range(0, len(order), size)]
+    return [
+        MicroBatch(c, max(lengths[i] for i in c), [prompts[i] for i in c], [lengths[i] for i in c])
+        for c in chunks
+    ]

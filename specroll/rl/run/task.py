@@ -1,7 +1,7 @@
 """What each RL step samples: its problems, the requests (with their seeds) and rewards.
 
 Everything here is a pure function of (pipeline.seed, step), which is what makes a
-resumed run repeat the uninterrupted one exactly; every seed the pipeline derives from
+resumed run repeat the uninterrupted one exactly; every seed the run derives from
 its base seed is defined in this file, once (the profile's prompts: engine.profile).
 """
 
@@ -50,7 +50,7 @@ def task_items(cfg: TrainConfig) -> list[Problem] | None:
     return items
 
 
-class Workload:
+class Task:
     """The task of a run, step by step."""
 
     def __init__(self, cfg: TrainConfig, tok) -> None:

@@ -1,9 +1,9 @@
 """The learner on N ranks (`learner.strategy: fsdp`, `learner.ranks: N`): one host, N processes.
 
-`FSDPLearnerHost` answers the driver exactly as `LocalLearnerHost` does (the pipeline's
-loop is unchanged): it spawns N local processes (torch.multiprocessing, spawn) that form
+`FSDPLearnerHost` answers the driver exactly as the single-process host does (the
+trainer's loop is unchanged): it spawns N local processes (torch.multiprocessing, spawn) that form
 one process group (gloo on the CPU, NCCL with one GPU per rank) and run the same program
-(SPMD): every command goes to every rank, each runs its share (`rl.fsdp`), and rank 0
+(SPMD): every command goes to every rank, each runs its share (`shard`), and rank 0
 answers. The ranks are processes of their own, not the driver, so that a rank that dies
 cannot take the driver with it: the host sees it gone and fails the step with a message
 naming the rank; `--resume` continues from the last checkpoint.
@@ -14,7 +14,7 @@ holds more than its shards and one full parameter.
 
 Checkpoints: `save_sharded` writes the policy, draft and both optimizers with
 `torch.distributed.checkpoint` (each rank its shards) into the checkpoint's `learner/`
-directory (see `rl.dcp_state`); such a checkpoint loads with any number of ranks, and into
+directory (see `dcp`); such a checkpoint loads with any number of ranks, and into
 a single-process learner; a single-process checkpoint loads here too.
 """
 
@@ -23,22 +23,29 @@ from __future__ import annotations
 import os
 import queue
 import tempfile
-import traceback
 from pathlib import Path
 
 import torch
+import torch.multiprocessing as mp
 
-from specroll.rl.batch import Batch
+from specroll.drafters.trainable import TrainableDraft
+from specroll.model.transformer import Transformer
+from specroll.rl.algo.batch import Batch
 from specroll.rl.config import TrainConfig
-from specroll.rl.rollout import State
-
-
-class LearnerRankError(RuntimeError):
-    """A learner rank died or failed: the step did not happen."""
-
+from specroll.rl.learner.fsdp.rank import serve
+from specroll.rl.learner.host import LearnerRankError
+from specroll.rl.replica import ReplicaSpec, Weights, tensors_of
 
 POLL_S = 0.5
 """How often the host checks that its ranks are alive while it waits for them."""
+
+
+def streamed_weights(items: list[tuple[str, str, torch.Tensor]], has_draft: bool) -> Weights:
+    """The weights rank 0 streamed, one (module 'policy' | 'draft', name, tensor) at a time."""
+    got: dict[str, dict[str, torch.Tensor]] = {"policy": {}, "draft": {}}
+    for module, name, t in items:
+        got[module][name] = t
+    return Weights(got["policy"], got["draft"] if has_draft else None)
 
 
 class ShardedCheckpoints:
@@ -48,7 +55,7 @@ class ShardedCheckpoints:
     def _call(self, name: str, *args):
         raise NotImplementedError
 
-    def state(self) -> dict:
+    def checkpoint_state(self) -> dict:
         """Nothing full: the learner's state is written by `save_sharded`."""
         return {"learner_strategy": "fsdp"}
 
@@ -67,23 +74,18 @@ class ShardedCheckpoints:
 class FSDPLearnerHost(ShardedCheckpoints):
     """`learner.ranks` learner processes in one FSDP2 process group; rank 0 answers."""
 
-    def __init__(self, cfg: TrainConfig, policy, draft) -> None:
-        import torch.multiprocessing as mp
-
-        from specroll.rl.rollout import state
-
+    def __init__(self, cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None) -> None:
         self.world = cfg.learner.ranks
         ctx = mp.get_context("spawn")
         self._dir = tempfile.TemporaryDirectory(prefix="specroll-fsdp-")
         init = os.path.join(self._dir.name, "rendezvous")
         self.results = ctx.Queue()
         self.cmds = [ctx.Queue() for _ in range(self.world)]
-        dspec = (type(draft), draft.cfg) if draft is not None else None
-        psd, dsd = state(policy), state(draft)
+        spec, psd, dsd = ReplicaSpec.of(policy, draft), tensors_of(policy), tensors_of(draft)
         self.procs = []
         for r in range(self.world):
-            args = (r, self.world, f"file://{init}", cfg, policy.cfg, dspec, psd, dsd)
-            p = ctx.Process(target=_serve, args=(*args, self.cmds[r], self.results), daemon=True)
+            args = (r, self.world, f"file://{init}", cfg, spec, psd, dsd)
+            p = ctx.Process(target=serve, args=(*args, self.cmds[r], self.results), daemon=True)
             p.start()
             self.procs.append(p)
         self.failed: str | None = None
@@ -93,7 +95,7 @@ class FSDPLearnerHost(ShardedCheckpoints):
 
     # ------------------------------------------------------------------ plumbing
 
-    def _call(self, name: str, *args, stream: dict | None = None):
+    def _call(self, name: str, *args, stream: list | None = None):
         """Run command `name` on every rank; rank 0's answer. stream: where rank 0's
         streamed (key, name, tensor) items go (`weights`)."""
         if self.failed:
@@ -102,7 +104,7 @@ class FSDPLearnerHost(ShardedCheckpoints):
             q.put((name, args))
         return self._collect(name, stream)
 
-    def _collect(self, name: str, stream: dict | None = None):
+    def _collect(self, name: str, stream: list | None = None):
         pending, answer = set(range(self.world)), None
         while pending:
             try:
@@ -111,8 +113,7 @@ class FSDPLearnerHost(ShardedCheckpoints):
                 self._check_alive(name)
                 continue
             if kind == "item":
-                key, pname, t = value
-                stream.setdefault(key, {})[pname] = t
+                stream.append(value)
             elif kind == "err":
                 # a peer's death shows on the survivors as a broken collective: name
                 # the dead rank rather than the symptom when there is one
@@ -154,12 +155,12 @@ class FSDPLearnerHost(ShardedCheckpoints):
     def train(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None) -> dict:
         return self._call("train", batch, old, ref)
 
-    def weights(self) -> tuple[State, State | None]:
+    def weights(self) -> Weights:
         """The policy's and draft's full tensors, gathered one at a time and streamed by
         rank 0 (CPU tensors in shared memory)."""
-        got: dict = {}
-        has_draft = self._call("weights", stream=got)
-        return got.get("policy", {}), (got.get("draft", {}) if has_draft else None)
+        items: list = []
+        has_draft = self._call("weights", stream=items)
+        return streamed_weights(items, has_draft)
 
     def memory(self) -> list[dict]:
         """Each rank's memory figures (`rank_memory`), and resets their peaks."""
@@ -181,47 +182,3 @@ class FSDPLearnerHost(ShardedCheckpoints):
                 p.join(timeout=30)
         self._stop()
         self._dir.cleanup()
-
-
-def rank_memory() -> dict:
-    """This process's peak resident memory since the last call (VmHWM, reset through
-    /proc/self/clear_refs) and, on a GPU, its peak allocated CUDA memory, in MiB."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmHWM", "VmRSS")):
-                k, v = line.split(":")
-                out[k.lower() + "_mib"] = round(int(v.split()[0]) / 1024, 1)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-        torch.cuda.reset_peak_memory_stats()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-    except OSError:
-        pass
-    return out
-
-
-def _serve(rank, world, init, cfg, model_cfg, dspec, psd, dsd, cmds, results) -> None:
-    """A rank's loop: build its shard of the learner, then run the driver's commands."""
-    try:
-        from specroll.rl.fsdp_rank import RankLearner
-
-        worker = RankLearner(rank, world, init, cfg, model_cfg, dspec, psd, dsd)
-        del psd, dsd
-    except Exception:
-        results.put(("err", rank, traceback.format_exc()))
-        return
-    results.put(("ok", rank, None))
-    while True:
-        name, args = cmds.get()
-        if name == "close":
-            break
-        try:
-            value = getattr(worker, name)(*args, emit=results.put)
-            results.put(("ok", rank, value if rank == 0 else None))
-        except Exception:
-            results.put(("err", rank, traceback.format_exc()))
-            break
-    worker.close()

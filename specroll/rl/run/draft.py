@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 
 from specroll.drafters.trainable import TrainableDraft, load_draft
+from specroll.drafting.data import default_aux_layers
+from specroll.drafting.default import default_draft
 from specroll.drafting.train import new_eagle3, new_mtp
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
@@ -25,12 +27,8 @@ def build_draft(
         g = torch.Generator().manual_seed(cfg.pipeline.seed)
         size = min(cfg.draft.draft_vocab_size, policy.cfg.vocab_size)
         vocab = torch.randperm(policy.cfg.vocab_size, generator=g)[:size].sort().values
-        from specroll.drafting.data import default_aux_layers
-
         return new_eagle3(policy, vocab, default_aux_layers(policy), cfg.pipeline.seed)
     if init == "default":
-        from specroll.drafting.default import default_draft
-
         path = default_draft(policy, tok, policy_dir, progress=progress, kind=kind)
     else:
         path = Path(init)

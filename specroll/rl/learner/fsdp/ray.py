@@ -1,7 +1,7 @@
 """The FSDP learner's ranks as Ray actors in one placement group (`rollout.backend: ray`).
 
-The same ranks (`rl.fsdp_rank.RankLearner`) and the same host interface as the local
-processes of `rl.fsdp_host`; here each rank is an actor on a bundle of one placement
+The same ranks (`rank.RankLearner`) and the same host interface as the local processes
+of `host`; here each rank is an actor on a bundle of one placement
 group (`ray.learner_cpus` / `ray.learner_gpus` per rank, packed: the ranks of a step talk
 on every block, so they are kept together when the cluster allows). They meet over TCP
 at rank 0's node. Published weights go from rank 0 into the object store one tensor at
@@ -17,17 +17,21 @@ continues from the last checkpoint.
 
 from __future__ import annotations
 
-from specroll.rl.batch import Batch
+from specroll.drafters.trainable import TrainableDraft
+from specroll.model.transformer import Transformer
+from specroll.rl.algo.batch import Batch
+from specroll.rl.cluster import connect
 from specroll.rl.config import TrainConfig
-from specroll.rl.fsdp_host import LearnerRankError, ShardedCheckpoints
+from specroll.rl.learner.fsdp.host import ShardedCheckpoints, streamed_weights
+from specroll.rl.learner.fsdp.rank import RankLearner
+from specroll.rl.learner.host import LearnerRankError
+from specroll.rl.replica import ReplicaSpec, Weights, tensors_of
 
 
 class RankActor:
     """One rank in a Ray actor."""
 
     def __init__(self, *args) -> None:
-        from specroll.rl.fsdp_rank import RankLearner
-
         self.worker = RankLearner(*args)
 
     def run(self, name: str, args: tuple):
@@ -53,17 +57,16 @@ def _address() -> tuple[str, int]:
 class RayFSDPLearnerHost(ShardedCheckpoints):
     """`learner.ranks` Ray actors in one placement group; rank 0 answers."""
 
-    def __init__(self, cfg: TrainConfig, policy, draft) -> None:
+    def __init__(self, cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | None) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from specroll.rl.rollout import state
-
-        rc, self.world = cfg.ray, cfg.learner.ranks
-        bundle = {"CPU": max(rc.learner_cpus, 1e-3)}
-        if rc.learner_gpus:
-            bundle["GPU"] = rc.learner_gpus
+        connect(cfg)
+        ray_cfg, self.world = cfg.ray, cfg.learner.ranks
+        bundle = {"CPU": max(ray_cfg.learner_cpus, 1e-3)}
+        if ray_cfg.learner_gpus:
+            bundle["GPU"] = ray_cfg.learner_gpus
         self.pg = placement_group([bundle] * self.world, strategy="PACK")
         ray.get(self.pg.ready())
 
@@ -71,14 +74,14 @@ class RayFSDPLearnerHost(ShardedCheckpoints):
             return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)
 
         ip, port = ray.get(ray.remote(num_cpus=0, scheduling_strategy=on(0))(_address).remote())
-        actor = ray.remote(num_cpus=bundle["CPU"], num_gpus=rc.learner_gpus, max_restarts=0)
+        actor = ray.remote(num_cpus=bundle["CPU"], num_gpus=ray_cfg.learner_gpus, max_restarts=0)
         actor = actor(RankActor)
-        dspec = (type(draft), draft.cfg) if draft is not None else None
-        psd, dsd = ray.put(state(policy)), ray.put(state(draft))
+        spec = ReplicaSpec.of(policy, draft)
+        psd, dsd = ray.put(tensors_of(policy)), ray.put(tensors_of(draft))
         init = f"tcp://{ip}:{port}"
         self.actors = [
             actor.options(scheduling_strategy=on(r)).remote(
-                r, self.world, init, cfg, policy.cfg, dspec, psd, dsd
+                r, self.world, init, cfg, spec, psd, dsd
             )
             for r in range(self.world)
         ]
@@ -117,16 +120,12 @@ class RayFSDPLearnerHost(ShardedCheckpoints):
     def train(self, batch: Batch, old, ref) -> dict:
         return self._call("train", batch, old, ref)[0]
 
-    def weights(self):
+    def weights(self) -> Weights:
         """The full tensors rank 0 put into the object store, one at a time."""
         import ray
 
         has_draft, refs = self._call("weights")
-        got: dict = {}
-        for ref in refs:
-            key, pname, t = ray.get(ref)[2]
-            got.setdefault(key, {})[pname] = t
-        return got.get("policy", {}), (got.get("draft", {}) if has_draft else None)
+        return streamed_weights([ray.get(ref)[2] for ref in refs], has_draft)
 
     def memory(self) -> list[dict]:
         return self._call("memory")[0]

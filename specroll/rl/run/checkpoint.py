@@ -4,7 +4,7 @@ A checkpoint holds the policy and draft weights, both optimizers, the RNG states
 step (which is also the data cursor: prompts and rollout seeds are functions of the
 step) and the config. Beside the state, `meta.json` holds the step, the id of the run
 that wrote it and its config, so a resume can be checked without loading any weights
-(see `rl.rundir`). It is written to a temporary directory and renamed, so a crash
+(see `rundir`). It is written to a temporary directory and renamed, so a crash
 mid-write never leaves a half checkpoint behind; only the newest `keep` are kept.
 """
 
@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+FORMAT = 2
+"""The checkpoint layout written here (`meta.json`'s `format`); 1 = specroll before the
+rl/ split, whose checkpoints carry no format (they do not resume: start over)."""
 
 
 def _dirs(root: Path) -> list[Path]:
@@ -51,7 +55,7 @@ def save(
     torch.save({**state, "step": step, "rng": rng}, tmp / "state.pt")
     if write is not None:
         write(tmp)
-    meta = {"step": step, "run_id": run_id, "config": state.get("config", {})}
+    meta = {"format": FORMAT, "step": step, "run_id": run_id, "config": state["config"]}
     (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -61,10 +65,12 @@ def save(
 
 
 def meta(path: str | Path) -> dict[str, Any]:
-    """The checkpoint's {step, run_id, config} without loading its tensors ({} if absent:
-    a checkpoint written before run ids existed)."""
+    """The checkpoint's {format, step, run_id, config}, without loading its tensors."""
     f = Path(path) / "meta.json"
-    return json.loads(f.read_text()) if f.is_file() else {}
+    try:
+        return json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{f}: unreadable ({e})") from e
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -13,18 +13,22 @@ checkpoint it saves (`meta.json`, read without loading the weights):
   written with the same settings (placement and length may change), and says so when
   the run has already finished instead of redoing its end.
 
-`check` reads only small JSON files, so the CLI calls it before loading any model.
+`check` reads only small JSON files, so the CLI calls it before loading any model; a
+`RunDir` then holds the directory for the run it planned: it claims or reopens it, keeps
+`metrics.jsonl`, and turns Ctrl-C into a stop at the next stage boundary.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specroll.rl import checkpoint
+from specroll.rl.run import checkpoint
 
 RUN_FILE = "run.json"
 OUTPUTS = (
@@ -50,6 +54,7 @@ FREE_TO_CHANGE = {
     ("learner", "device"),
     ("learner", "strategy"),
     ("learner", "ranks"),
+    ("learner", "placement"),
 }
 """Settings a resumed run may change: they do not change what a step computes."""
 FREE_SECTIONS = {"ray"}
@@ -97,8 +102,6 @@ def config_mismatch(mine: dict, theirs: dict) -> str | None:
         for key, value in fields.items():
             if (sec, key) in FREE_TO_CHANGE:
                 continue
-            if key not in theirs.get(sec, {}) and value == _default(sec, key):
-                continue  # a setting newer than the checkpoint, left at its default
             old = theirs.get(sec, {}).get(key)
             if _norm(value) != _norm(old):
                 return (
@@ -135,6 +138,12 @@ def check(out: str | Path, config: dict, steps: int, resume: bool, overwrite: bo
         )
     run_id = _read_json(run_file).get("run_id")
     meta = checkpoint.meta(ck)
+    if meta.get("format") != checkpoint.FORMAT:
+        raise ValueError(
+            f"--resume: {ck} is in checkpoint format {meta.get('format', 1)}, this specroll "
+            f"reads format {checkpoint.FORMAT} (README: Checkpoints); start over with "
+            "--overwrite or choose another --out"
+        )
     if meta.get("run_id") != run_id:
         raise ValueError(
             f"--resume: {ck} belongs to run {meta.get('run_id')!r}, not to run {run_id!r} "
@@ -168,19 +177,61 @@ def start(out: str | Path, config: dict, plan: Plan) -> str:
     return run_id
 
 
-def _default(section: str, key: str):
-    """The default of setting section.key (what a checkpoint that predates it ran with)."""
-    import dataclasses
-
-    from specroll.rl.config import SECTIONS
-
-    for f in dataclasses.fields(SECTIONS[section]):
-        if f.name == key:
-            if f.default_factory is not dataclasses.MISSING:
-                return f.default_factory()
-            return f.default
-    return dataclasses.MISSING
-
-
 def _norm(v):
     return list(v) if isinstance(v, tuple) else v
+
+
+class RunDir:
+    """A run's directory while it trains: claimed (fresh) or reopened (resume) from a
+    checked `Plan`, its `metrics.jsonl`, and Ctrl-C: the first sets `stop_requested` (the
+    trainer stops at the next stage boundary and saves), a second exits at once.
+
+    Use as a context manager: the Ctrl-C handler is installed inside the block only."""
+
+    def __init__(
+        self, out: str | Path, config: dict, plan: Plan, log: Callable[[str], None] = print
+    ) -> None:
+        self.out, self.config, self.plan, self.log = Path(out), config, plan, log
+        self.metrics = self.out / "metrics.jsonl"
+        self.run_id = ""
+        """The id of the run that owns the directory (stamped on every checkpoint)."""
+        self.stop_requested = False
+        self._previous = None
+
+    def open(self, resumed_step: int = 0) -> None:
+        """Claim the directory (fresh) or reopen it, keeping only the metrics of steps up
+        to `resumed_step` (resume: lines past the checkpoint are redone)."""
+        self.run_id = start(self.out, self.config, self.plan)
+        if self.plan.action != "resume":
+            self.metrics.write_text("")
+            return
+        lines = self.metrics.read_text().splitlines() if self.metrics.exists() else []
+        kept = [x for x in lines if json.loads(x).get("step", 0) <= resumed_step]
+        self.metrics.write_text("".join(x + "\n" for x in kept))
+
+    def append(self, row: dict) -> None:
+        """One line of metrics."""
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def rows(self) -> list[dict]:
+        """Every metrics line of the run so far."""
+        return [json.loads(x) for x in self.metrics.read_text().splitlines()]
+
+    def request_stop(self) -> None:
+        """Stop at the next stage boundary (what the first Ctrl-C does)."""
+        self.stop_requested = True
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.stop_requested:
+            raise KeyboardInterrupt
+        self.request_stop()
+        self.log("Ctrl-C: finishing the current stage, then saving a checkpoint")
+
+    def __enter__(self) -> RunDir:
+        self._previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGINT, self._previous)

@@ -9,7 +9,7 @@ no path between them: the draft loss cannot move a policy weight and the policy 
 cannot move a draft weight (tested to be exactly zero). Each has its own AdamW and its
 own gradient clipping.
 
-Token convention: see `rl.batch`; the head and its log-softmax: `rl.logprobs`.
+Token convention: see `rl.algo.batch`; the head and its log-softmax: `rl.algo.logprobs`.
 
 Placement: `learner.device` / `learner.dtype`. Batches arrive on the CPU and move to the
 learner's device here; `logprobs` returns CPU fp32; `train` returns floats, read once
@@ -22,35 +22,18 @@ from __future__ import annotations
 import functools
 import math
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import torch
 
 from specroll.drafters.trainable import TrainableDraft
-from specroll.drafting.train import draft_loss
+from specroll.drafting.train import draft_loss as ttt_loss
 from specroll.model.transformer import Transformer
-from specroll.rl import loss as L
-from specroll.rl.batch import Batch, predicting_positions
+from specroll.rl.algo import loss
+from specroll.rl.algo.batch import Batch, MicroBatch, plan_micro_batches, predicting_positions
+from specroll.rl.algo.logprobs import head_logprobs
 from specroll.rl.config import DraftConfig, LossConfig, PolicyConfig, RolloutConfig
-from specroll.rl.logprobs import head_logprobs
-
-
-@dataclass
-class _Micro:
-    """One micro-batch as the learner runs it (rows of the batch it was cut from)."""
-
-    idx: list[int]
-    """Rows of the batch (ascending length)."""
-    width: int
-    """Their widest length."""
-    prompt_lens: list[int]
-    """Their prompt lengths."""
-    lengths: list[int]
-    """Their lengths."""
-
-    def where(self, b: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """`predicting_positions` of the micro-batch `b` (cut with these rows)."""
-        return predicting_positions(b, device, self.prompt_lens, self.lengths)
+from specroll.rl.learner.memory import keep_freed_memory
 
 
 class Learner:
@@ -86,10 +69,10 @@ class Learner:
         self.dcfg = draft_cfg
         self.reference = reference
         self.dp = None
-        """Data parallelism over ranks (`rl.fsdp.DataParallel`), or None in one process:
+        """Data parallelism over ranks (`fsdp.shard.DataParallel`), or None in one process:
         which micro-batches this rank runs, and the sums over ranks."""
-        self._share = functools.partial(L.micro_share, token_level=loss_cfg.token_level)
-        """The loss variant, chosen once: this micro-batch's share of the aggregate."""
+        self._loss_share = functools.partial(loss.micro_share, token_level=loss_cfg.token_level)
+        """The loss aggregation, chosen once: a micro-batch's share of the update's loss."""
         if self.device.type == "cpu":
             keep_freed_memory()
         # master weights stay fp32 wherever the learner computes (`.to` moves parameters in
@@ -124,7 +107,7 @@ class Learner:
             self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16
         )
 
-    def _forward(
+    def forward(
         self,
         model: Transformer,
         b: Batch,
@@ -169,31 +152,23 @@ class Learner:
         out = torch.zeros(batch.tokens.shape, device=self.device)
         for m, real in self._mine(plan):
             b = batch.rows(m.idx, m.width)
-            logp, _, _ = self._forward(model, b, where=m.where(b, self.device))
+            logp, _, _ = self.forward(model, b, where=m.where(b, self.device))
             if real:
                 out[torch.tensor(m.idx, device=self.device), : m.width] = logp
         if self.dp is not None:  # each row was computed on one rank, zeros elsewhere
             self.dp.sum_(out)
         return out.cpu()
 
-    def _mine(self, plan: list[_Micro]) -> list[tuple[_Micro, bool]]:
+    def _mine(self, plan: list[MicroBatch]) -> list[tuple[MicroBatch, bool]]:
         """(micro-batch, real) pairs this rank runs: all of them, real, in one process;
         under data parallelism its share, padded with dummies (forwards whose results
         count for nothing) so that every rank runs as many forwards and backwards as the
         others (each is a collective under FSDP)."""
         return [(m, True) for m in plan] if self.dp is None else self.dp.share(plan)
 
-    def _micro(self, batch: Batch) -> list[_Micro]:
-        """Micro-batches of `policy.micro_batch` rows in ascending length (little padding),
-        planned from the lengths on the host (one read for the whole batch)."""
-        lengths, prompts = batch.lengths.tolist(), batch.prompt_lens.tolist()
-        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        m = self.pcfg.micro_batch
-        chunks = [order[i : i + m] for i in range(0, len(order), m)]
-        return [
-            _Micro(c, max(lengths[i] for i in c), [prompts[i] for i in c], [lengths[i] for i in c])
-            for c in chunks
-        ]
+    def _micro(self, batch: Batch) -> list[MicroBatch]:
+        """Micro-batches of `policy.micro_batch` rows (`plan_micro_batches`)."""
+        return plan_micro_batches(batch, self.pcfg.micro_batch)
 
     # ------------------------------------------------------------------ stage: train
 
@@ -245,12 +220,27 @@ class Learner:
             n_tokens = float(sub.response_mask.sum().clamp(min=1))
         else:  # the global count (all ranks' shares), not this rank's: a global mean
             n_tokens = self.dp.token_count(sub.response_mask, [m.idx for m, r in micros if r])
-        n_seqs = float(len(part))
-        cap = L.weight_cap(self.lcfg, self.decoupled)
-        use_ref = self.lcfg.kl_coef > 0 and ref_logp is not None
         self.opt.zero_grad(set_to_none=True)
         if self.draft_opt is not None:
             self.draft_opt.zero_grad(set_to_none=True)
+        acc, draft_acc = self._backward(sub, micros, old_logp, ref_logp, n_tokens, len(part))
+        return self._step(acc, draft_acc)
+
+    def _backward(
+        self,
+        sub: Batch,
+        micros: list[tuple[MicroBatch, bool]],
+        old_logp: torch.Tensor | None,
+        ref_logp: torch.Tensor | None,
+        n_tokens: float,
+        n_seqs: int,
+    ) -> tuple[dict[str, torch.Tensor], list[list[float]]]:
+        """Forward and backward of every micro-batch of one update (gradients accumulate);
+        returns the update's statistics as device tensors and the online draft's
+        per-micro-batch acceptance."""
+        n_seqs = float(n_seqs)
+        cap = loss.weight_cap(self.lcfg, self.decoupled)
+        use_ref = self.lcfg.kl_coef > 0 and ref_logp is not None
         # statistics as device tensors: one host read per update, not per micro-batch
         # (float64: the sums of per-micro-batch fp32 figures are the host's double sums)
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -258,14 +248,14 @@ class Learner:
         if cap is not None and self.lcfg.tis_cap > 0:
             acc["tis_clip_frac"] = zero
         draft_acc: list[list[float]] = []
-        vocab = self._draft_vocab()
+        vocab = self.draft_vocab()
         for m, real in micros:
             b = sub.rows(m.idx, m.width)
             rows = torch.tensor(m.idx, device=self.device)
             W = m.width
             mask = b.response_mask
-            logp, target, hidden = self._forward(self.policy, b, vocab, m.where(b, self.device))
-            per_tok, terms = L.token_objective(
+            logp, target, hidden = self.forward(self.policy, b, vocab, m.where(b, self.device))
+            per_tok, terms = loss.token_objective(
                 logp,
                 old_logp[rows, :W] if old_logp is not None else logp.detach(),
                 b.advantages,
@@ -274,26 +264,30 @@ class Learner:
                 cap=cap,
                 ref_logp=ref_logp[rows, :W] if use_ref else None,
             )
-            loss = self._share(per_tok, mask, n_tokens, n_seqs)
+            policy_loss = self._loss_share(per_tok, mask, n_tokens, n_seqs)
             if not real:  # a dummy: its forward and backward only keep the ranks in step
-                loss = loss * 0.0
+                policy_loss = policy_loss * 0.0
                 terms = {k: v * 0 for k, v in terms.items()}
-            acc["policy_loss"] = acc["policy_loss"] + loss.detach()
-            acc["clip_frac"] = acc["clip_frac"] + _share(terms["clipped"] * mask, n_tokens)
+            acc["policy_loss"] = acc["policy_loss"] + policy_loss.detach()
+            acc["clip_frac"] = acc["clip_frac"] + _token_mean(terms["clipped"] * mask, n_tokens)
             if "kl" in terms:
-                acc["kl"] = acc["kl"] + _share(terms["kl"] * mask, n_tokens)
+                acc["kl"] = acc["kl"] + _token_mean(terms["kl"] * mask, n_tokens)
             if "tis_clip_frac" in acc:
-                acc["tis_clip_frac"] = acc["tis_clip_frac"] + _share(
+                acc["tis_clip_frac"] = acc["tis_clip_frac"] + _token_mean(
                     terms["capped"] & mask, n_tokens
                 )
-            total = loss
+            total = policy_loss
             if self.draft is not None:
-                dl, dm = self._draft_loss(b, hidden, target)
+                dl, dm = self.draft_loss(b, hidden, target)
                 dl = dl if real else dl * 0.0
                 total = total + self.dcfg.weight * dl * (len(m.idx) / n_seqs)
                 acc["draft_loss"] = acc["draft_loss"] + dl.detach().double() * len(m.idx) / n_seqs
                 draft_acc.append(dm["accept"] if real else [math.nan] * len(dm["accept"]))
             total.backward()
+        return acc, draft_acc
+
+    def _step(self, acc: dict[str, torch.Tensor], draft_acc: list[list[float]]) -> dict:
+        """Clip and step both optimizers; the update's statistics, read in one go."""
         if self.dp is not None and self.draft is not None:
             self.dp.sum_grads(self.draft.parameters())  # the replicated draft: summed grads
         keys = list(acc)
@@ -320,7 +314,7 @@ class Learner:
             out["draft_accept"] = (tot[0] / tot[1].clamp(min=1)).tolist()
         return out
 
-    def _draft_vocab(self) -> torch.Tensor | None:
+    def draft_vocab(self) -> torch.Tensor | None:
         """Target ids of the online draft's vocabulary on the learner's device (all ids:
         an arange, when the draft predicts the whole vocabulary); None without a draft."""
         if self.draft is None:
@@ -330,7 +324,7 @@ class Learner:
             return torch.arange(self.policy.cfg.vocab_size, device=self.device)
         return v.to(self.device)
 
-    def _draft_loss(
+    def draft_loss(
         self, b: Batch, hidden: dict[int, torch.Tensor], target: torch.Tensor
     ) -> tuple[torch.Tensor, dict]:
         """Online draft loss on this forward's detached features and distribution.
@@ -353,7 +347,7 @@ class Learner:
             return target  # the rows of `mask` (the same positions, the same order)
 
         with self._autocast():
-            return draft_loss(
+            return ttt_loss(
                 d,
                 b.tokens,
                 aux=aux,
@@ -374,15 +368,15 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _share(x: torch.Tensor, n: float) -> torch.Tensor:
-    """sum(x) / n in float64 (a micro-batch's share of a per-token statistic)."""
+def _token_mean(x: torch.Tensor, n: float) -> torch.Tensor:
+    """sum(x) / n in float64 (a micro-batch's share of a per-token statistic's mean)."""
     return x.sum().double() / n
 
 
 def _fused(device: torch.device) -> dict:
     """AdamW's fused kernel where this torch has one for the device: one pass over each
-    parameter instead of ~10 element-wise kernels (SmolLM2 on the CPU, one thread:
-    0.30 s vs 0.78 s per step with the gradient clipping; numerics to float rounding)."""
+    parameter instead of ~10 element-wise kernels (numerics equal to float rounding;
+    timings in docs/performance_notes.md)."""
     try:
         from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
@@ -390,34 +384,3 @@ def _fused(device: torch.device) -> dict:
     except ImportError:  # a torch without the helper: the default implementation
         supported = False
     return {"fused": True} if supported else {}
-
-
-_KEEP_FREED = False
-
-
-def keep_freed_memory(limit: int = 1 << 30) -> bool:
-    """Make glibc keep freed memory for reuse instead of returning it to the kernel.
-
-    glibc serves each allocation above its mmap threshold (dynamic, a few MiB) with a
-    fresh mapping and unmaps it on free, so every micro-batch's activations, logits and
-    gradients (10 MB to 1 GB each) are page-faulted in and zeroed by the kernel again.
-    On the 2-core VM that was a fifth of stage `train` (system time; one thread,
-    SmolLM2, 16 sequences: 30.5 s -> 23.8 s). Here blocks below `limit` come from the
-    heap and freed memory stays in it (the heap is never trimmed): the process keeps its
-    peak. Process-wide (the engine in the same process benefits too),
-    idempotent; a no-op without glibc. Returns whether it applies."""
-    global _KEEP_FREED
-    if _KEEP_FREED:
-        return True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.gnu_get_libc_version  # noqa: B018 - glibc only (musl has no mallopt knobs)
-        m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-        ok = libc.mallopt(m_mmap_threshold, ctypes.c_int(min(limit, 2**31 - 1))) == 1
-        ok = ok and libc.mallopt(m_trim_threshold, ctypes.c_int(-1)) == 1  # never trim
-    except (OSError, AttributeError):
-        return False
-    _KEEP_FREED = ok
-    return ok

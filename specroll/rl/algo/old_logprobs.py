@@ -1,0 +1,84 @@
+"""Stage `logprob`: where a step's old log-probs (the ratio's denominator) come from.
+
+Recomputed by the learner, or (`learner.recompute_logprobs: auto`, see `engine_usable`)
+the engine's own, which equal the learner's to float rounding in fp32: then the learner
+recomputes only on the first step a process runs and every `learner.check_every` steps,
+as a check. A check that passes still trains on the engine's log-probs, so a run does not
+depend on when it checked (a resumed run repeats the uninterrupted one); one that fails
+(mismatch above the stated bound, `mismatch`) switches the run to recomputation for good,
+with a warning, and that switch is part of the checkpoint. The mismatch statistics are
+those of every recomputation (on-policy tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from specroll.rl.algo.batch import Batch
+from specroll.rl.algo.mismatch import logprob_tolerance, mismatch_stats
+from specroll.rl.config import TrainConfig
+
+Recompute = Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None]]
+"""The learner's (policy [N, T], reference [N, T] or None) log-probs of a batch."""
+
+
+def engine_usable(cfg: TrainConfig) -> bool:
+    """Whether `learner.recompute_logprobs: auto` may take the engine's log-probs as the
+    old ones: synchronous (every sample on-policy), fp32 on both sides (bf16 log-probs
+    differ by far more than float rounding), and no reference pass needed anyway (KL)."""
+    return (
+        cfg.learner.recompute_logprobs == "auto"
+        and cfg.pipeline.max_lag == 0
+        and cfg.rollout.dtype == cfg.learner.dtype == "float32"
+        and cfg.loss.kl_coef == 0
+    )
+
+
+class OldLogprobs:
+    """The source of the old log-probs, step by step."""
+
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print) -> None:
+        self.cfg, self.log = cfg, log
+        self.fallback = False
+        """An agreement check failed: recompute from then on (kept in checkpoints)."""
+        self._checked = False  # this process has run an agreement check
+
+    def state_dict(self) -> dict:
+        return {"logprob_fallback": self.fallback}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.fallback = bool(state["logprob_fallback"])
+
+    def __call__(
+        self, recompute: Recompute, batch: Batch, fresh: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+        """(old [N, T], ref [N, T] or None, metrics) of step `step`'s batch; `fresh` [N]
+        marks the rows sampled by the current policy (on-policy: compared)."""
+        cfg = self.cfg
+        use_engine = engine_usable(cfg) and not self.fallback
+        check = not self._checked or step % cfg.learner.check_every == 0
+        engine = batch.behaviour_logp * batch.response_mask
+        if use_engine and not check:
+            none = mismatch_stats(engine, engine, torch.zeros_like(batch.response_mask))
+            return engine, None, {**none, "logprob_source": "engine", "logprob_check": None}
+        old, ref = recompute(batch)
+        self._checked = True
+        stats = mismatch_stats(batch.behaviour_logp, old, batch.response_mask & fresh[:, None])
+        worst = stats["logprob_mismatch_max"]
+        fp32 = cfg.rollout.dtype == cfg.learner.dtype == "float32"
+        bound = logprob_tolerance(cfg.rollout.temperature)
+        agree = worst is None or worst <= bound
+        if fp32 and not agree:
+            self.log(
+                f"warning: step {step + 1}: engine vs learner log-probs differ by {worst:.2e}, "
+                f"above the stated bound {bound:.2e} (rl.algo.mismatch): check weights and "
+                "dtype" + ("; recomputing the log-probs from now on" if use_engine else "")
+            )
+        if not use_engine:
+            return old, ref, {**stats, "logprob_source": "learner", "logprob_check": None}
+        if agree:  # checked: train on the engine's, as on the steps between checks
+            return engine, ref, {**stats, "logprob_source": "engine", "logprob_check": True}
+        self.fallback = True
+        return old, ref, {**stats, "logprob_source": "learner", "logprob_check": False}

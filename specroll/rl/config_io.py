@@ -1,0 +1,104 @@
+"""YAML settings for section/field dataclass configs: reading a file into a mapping,
+`section.key=value` overrides, and building the dataclasses with each value checked
+against its field's annotation. Errors name the file (and line), the section and field,
+and list what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping of sections in YAML file `path` (an empty file is an empty mapping)."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:  # yaml's message names no file: say which, and where
+        raise ValueError(f"{path}: not valid YAML{_yaml_where(e)}") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
+    for section, values in raw.items():
+        if values is not None and not isinstance(values, dict):
+            raise ValueError(
+                f"{path}: section {section!r} must be a mapping of keys to values, "
+                f"got {type(values).__name__} {values!r}"
+            )
+    return raw
+
+
+def _yaml_where(e: yaml.YAMLError) -> str:
+    """' at line L, column C: problem (while parsing ... started at line M)' from a yaml
+    error's marks (1-based), or ': message' when it carries none."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or not problem:
+        return f": {' '.join(str(e).split())}"
+    out = f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and cmark is not None:
+        out += f" ({context} started at line {cmark.line + 1})"
+    return out
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply 'section.key=value' strings (value parsed as YAML) to a raw mapping."""
+    out = {k: dict(v or {}) for k, v in raw.items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise ValueError(f"--set expects section.key=value, got {item!r}")
+        out.setdefault(section, {})[name] = yaml.safe_load(text)
+    return out
+
+
+def build_sections(raw: dict[str, Any], sections: dict[str, type]) -> dict[str, Any]:
+    """{section: dataclass instance} from {section: {field: value}}; unknown names are
+    errors, and each value is checked against its field's annotation."""
+    kwargs = {}
+    for name, values in (raw or {}).items():
+        if name not in sections:
+            raise ValueError(f"unknown config section {name!r}; sections: {', '.join(sections)}")
+        if not isinstance(values, dict):
+            raise ValueError(f"config section {name!r} must be a mapping, got {values!r}")
+        cls = sections[name]
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        args = {}
+        for key, value in values.items():
+            if key not in fields:
+                allowed = ", ".join(fields)
+                raise ValueError(f"unknown config key {name}.{key}; {name} has: {allowed}")
+            args[key] = _coerce(f"{name}.{key}", value, fields[key])
+        kwargs[name] = cls(**args)
+    return kwargs
+
+
+def _coerce(where: str, value: Any, typ: Any) -> Any:
+    """Check/convert a YAML value to a field's annotated type."""
+    if isinstance(typ, str):
+        typ = eval(typ, {"tuple": tuple, "int": int, "float": float, "str": str, "bool": bool})  # noqa: S307
+    origin = typing.get_origin(typ)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where} must be a list, got {value!r}")
+        return tuple(_coerce(where, v, typing.get_args(typ)[0]) for v in value)
+    if origin in (typing.Union, types.UnionType):
+        return value
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, got {value!r}")
+        return value
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is float and isinstance(value, str):  # PyYAML reads "3e-3" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if typ in (int, float, str) and not (isinstance(value, typ) and not isinstance(value, bool)):
+        raise ValueError(f"{where} must be {typ.__name__}, got {value!r}")
+    return value

@@ -1,0 +1,75 @@
+"""The rollout backend interface: every place rollouts are generated answers the same verbs
+(the vocabulary of NeMo-RL's generation interface).
+
+* `submit(requests)` hands requests to the rollout side and returns a `Pending`;
+  `Pending.result()` waits for them and gives one `Results`: the results in request
+  order, with the call's merged speculation counters in `.stats`. An in-process backend
+  generates at submit time; on Ray the workers generate while the learner goes on
+  (asynchronous RL). `generate` is submit + result.
+* `update_weights(version, weights)` loads a published `Weights` handle (tensors here or
+  object references) under `version`; `policy_version` / `draft_version` say what the
+  backend now holds, and every result records the versions it was generated with.
+* `close()` releases engines and workers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from specroll.engine.request import Request, Results
+from specroll.rl.replica import Weights
+
+
+class Pending(ABC):
+    """Requests handed to the rollout side; `result()` blocks until they are done."""
+
+    @abstractmethod
+    def result(self) -> Results:
+        """The results in request order, with the merged counters in `.stats`."""
+
+
+class Done(Pending):
+    """A submission that was generated at submit time (in-process backends)."""
+
+    def __init__(self, results: Results) -> None:
+        self._results = results
+
+    def result(self) -> Results:
+        return self._results
+
+
+class RolloutBackend(ABC):
+    """Where rollouts are generated: submit requests, update weights, close."""
+
+    speculative: bool = False
+    """Whether rollouts are drafted (results then carry a draft version)."""
+    restarts: int = 0
+    """Rollout workers restarted after a failure (their requests were re-queued)."""
+
+    @property
+    @abstractmethod
+    def policy_version(self) -> int:
+        """The version of the policy weights the next submission generates with."""
+
+    @property
+    def draft_version(self) -> int | None:
+        """The draft's version (the policy's: they are published together), or None
+        without speculation."""
+        return self.policy_version if self.speculative else None
+
+    @abstractmethod
+    def submit(self, requests: Sequence[Request], plain: bool = False) -> Pending:
+        """Generate `requests` with the latest weights (plain: without the drafter, on the
+        same weights: shadow rollouts)."""
+
+    def generate(self, requests: Sequence[Request], plain: bool = False) -> Results:
+        """`submit(...).result()`."""
+        return self.submit(requests, plain).result()
+
+    @abstractmethod
+    def update_weights(self, version: int, weights: Weights) -> None:
+        """Load `weights` under `version` (a None draft keeps the draft's weights)."""
+
+    def close(self) -> None:  # noqa: B027 - a backend without workers has nothing to release
+        """Release engines and workers (in-flight submissions are discarded)."""

@@ -1,0 +1,4 @@
+"""A training run: the step loop (`trainer`) over a rollout backend and a learner host, the
+task it samples (`task`), the rollouts in flight (`window`), checkpoints (`checkpoint`),
+the run directory (`rundir`), the draft a run starts from (`draft`), and what a run
+reports (`report`, `tensorboard`)."""

@@ -1,0 +1,259 @@
+"""`specroll train`: the GRPO/DAPO step loop over a rollout backend and a learner host.
+
+Each step runs the stages NeMo-RL names (paper §1.2), timed separately:
+
+  gen      sample prompts, G rollouts each (speculative or plain, lossless either way)
+  reward   math-verify the answers; group advantages (DAPO filters)
+  logprob  the old log-probs: recomputed by the learner, or the engine's (`algo.old_logprobs`)
+  train    policy update + online draft update from the same forward
+  prepare  publish the new weights to the rollout side (versioned)
+
+Everything random is a function of (seed, step): the prompts of step s are the task's
+items s*P..s*P+P-1 and every rollout has its own counter-based seed, so a run resumed from
+a checkpoint repeats the uninterrupted one exactly. Ctrl-C stops at the next stage
+boundary, saves a checkpoint of the last completed step and exits; a second Ctrl-C exits
+at once (`rundir.RunDir`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from specroll.drafters.trainable import TrainableDraft
+from specroll.engine.profile import PROFILE_PROMPTS_SEED
+from specroll.model.transformer import Transformer
+from specroll.rl.algo import loss
+from specroll.rl.algo.batch import Batch
+from specroll.rl.algo.old_logprobs import OldLogprobs
+from specroll.rl.config import TrainConfig
+from specroll.rl.learner import build_host
+from specroll.rl.rollout import build_rollout
+from specroll.rl.run import checkpoint, rundir, tensorboard
+from specroll.rl.run.report import step_metrics, write_report
+from specroll.rl.run.task import VALIDATION_SEED, Task, step_seed
+from specroll.rl.run.window import RolloutWindow, shadow
+from specroll.tasks.sets import encode, math_problems
+
+
+class Interrupted(Exception):
+    """Raised at a stage boundary after Ctrl-C; the trainer saves and exits."""
+
+
+class Trainer:
+    """The step loop over a rollout backend (`rollout.backend`) and a learner host
+    (`learner.strategy`, `learner.placement`)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        policy: Transformer,
+        tok,
+        draft: TrainableDraft | None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg, self.tok, self.log = cfg, tok, log
+        self.out = Path(cfg.pipeline.out_dir)
+        torch.manual_seed(cfg.pipeline.seed)
+        self.task = Task(cfg, tok)
+        """What each step samples: problems, requests and their seeds, rewards."""
+        # the prompts a backend measures its hardware profile on (adaptive depth)
+        prompts = [encode(tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)]
+        self.rollout = build_rollout(cfg, policy, draft, prompts, log)
+        if cfg.learner.placement == "auto" and cfg.learner_placement() == "ray":
+            log("learner: in a Ray actor (learner.placement=auto follows rollout.backend=ray)")
+        self.host = build_host(cfg, policy, draft)
+        self.window = RolloutWindow(
+            self.rollout, self.task, cfg.pipeline.max_lag, cfg.pipeline.steps
+        )
+        self.old_logprobs = OldLogprobs(cfg, log)
+        self.step = 0
+        self.run_dir: rundir.RunDir | None = None
+        self.rollout.update_weights(0, self.host.weights())
+
+    # ------------------------------------------------------------------ step
+
+    def request_stop(self) -> None:
+        """Stop at the next stage boundary, save a checkpoint and exit (what Ctrl-C does)."""
+        if self.run_dir is not None:
+            self.run_dir.request_stop()
+
+    def _check_stop(self) -> None:
+        if self.run_dir is not None and self.run_dir.stop_requested:
+            raise Interrupted
+
+    def run_step(self) -> dict:
+        """One RL step; returns its metrics."""
+        cfg, s = self.cfg, self.step
+        G = cfg.data.group_size
+        t = {"prepare": 0.0}
+        torch.manual_seed(step_seed(cfg.pipeline.seed, s))
+
+        problems = self.task.problems(s)
+        reqs = self.task.step_requests(s)
+        every = cfg.pipeline.shadow_every
+        with_shadow = every and s % every == 0 and self.rollout.speculative
+        with_shadow = with_shadow and not cfg.pipeline.max_lag
+        # plain decoding of the same requests on the same weights; every other time it
+        # runs first, so that neither side always comes right after the learner's update
+        shadow_first = with_shadow and (s // every) % 2 == 1
+        plain_run = shadow(self.rollout, reqs) if shadow_first else None  # (seconds, tokens)
+        t0 = time.perf_counter()
+        results, lag = self.window.take(s, reqs)
+        t["gen"] = time.perf_counter() - t0  # async: only the exposed part (learner waits)
+        if with_shadow and not shadow_first:
+            plain_run = shadow(self.rollout, reqs)
+        self._check_stop()
+
+        t0 = time.perf_counter()
+        rewards = self.task.rewards(problems, results, G)  # [P, G]
+        lengths = torch.tensor([len(r.token_ids) for r in results], device="cpu")
+        adv, keep = loss.step_advantages(rewards, lengths, cfg.rollout.max_new_tokens, cfg.loss)
+        t["reward"] = time.perf_counter() - t0
+
+        train_metrics: dict = {}
+        rows = [i for i in range(len(results)) if bool(keep[i // G])]
+        t["logprob"] = t["train"] = 0.0
+        if rows:
+            batch = Batch.from_results([results[i] for i in rows], adv.view(-1)[rows])
+            fresh = torch.tensor([results[i].policy_version == s for i in rows], device="cpu")
+            t0 = time.perf_counter()
+            old, ref, stats = self.old_logprobs(self.host.logprobs, batch, fresh, s)
+            train_metrics.update(stats)
+            t["logprob"] = time.perf_counter() - t0
+            self._check_stop()
+            t0 = time.perf_counter()
+            train_metrics.update(self.host.train(batch, old, ref))
+            t["train"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self.step = s + 1
+        self.rollout.update_weights(self.step, self.host.weights())
+        t["prepare"] = time.perf_counter() - t0
+        return step_metrics(
+            self.step,
+            t,
+            results,
+            rewards,
+            keep,
+            lag,
+            plain_run,
+            train_metrics,
+            dropped=self.window.dropped,
+            restarts=self.rollout.restarts,
+        )
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        """Accuracy (one sample per held-out prompt, fixed seeds) of the current policy."""
+        probs = self.task.validation()
+        if not probs:
+            return float("nan")
+        results = self.rollout.generate(self.task.requests(probs, 1, VALIDATION_SEED))
+        return round(float(self.task.rewards(probs, results, 1).mean()), 4)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_state(self) -> dict:
+        """What `state.pt` holds: the config, the old-log-prob source and the learner."""
+        return {
+            "config": self.cfg.to_dict(),
+            **self.old_logprobs.state_dict(),
+            **self.host.checkpoint_state(),
+        }
+
+    def restore(self, state: dict) -> None:
+        """Continue from a checkpoint's state (`checkpoint.load`)."""
+        problem = rundir.config_mismatch(self.cfg.to_dict(), state["config"])
+        if problem:
+            raise ValueError(problem)
+        self.host.restore(state)
+        self.step = state["step"]
+        self.old_logprobs.load_state_dict(state)
+        self.rollout.update_weights(self.step, self.host.weights())
+
+    def save_checkpoint(self) -> Path:
+        return checkpoint.save(
+            self.out / "checkpoints",
+            self.step,
+            self.checkpoint_state(),
+            self.cfg.pipeline.keep_checkpoints,
+            run_id=self.run_dir.run_id if self.run_dir is not None else "",
+            write=self.host.save_sharded,
+        )
+
+    def close(self) -> None:
+        """Stop the rollout workers and the learner's processes or actors; in-flight
+        asynchronous rollouts are discarded."""
+        self.window.clear()
+        self.rollout.close()
+        self.host.close()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(
+        self,
+        resume: bool = False,
+        on_step: Callable[[dict], None] | None = None,
+        overwrite: bool = False,
+        plan: rundir.Plan | None = None,
+    ) -> list[dict]:
+        """Run to `pipeline.steps`; metrics go to out_dir/metrics.jsonl.
+
+        plan: what `rundir.check` decided for out_dir (checked here when not given, from
+        `resume` / `overwrite`); a finished run is left as it is."""
+        cfg = self.cfg
+        if plan is None:
+            plan = rundir.check(self.out, cfg.to_dict(), cfg.pipeline.steps, resume, overwrite)
+        if plan.action == "finished":
+            self.log(plan.finished_message(self.out, cfg.pipeline.steps))
+            return []
+        self.run_dir = run_dir = rundir.RunDir(self.out, cfg.to_dict(), plan, self.log)
+        if plan.action == "resume":
+            self.restore(checkpoint.load(plan.checkpoint))
+            self.log(f"resumed from {plan.checkpoint} (step {self.step})")
+        run_dir.open(self.step)
+        history: list[dict] = []
+        writer = tensorboard.writer(self.out) if cfg.log.tensorboard else None
+        try:
+            with run_dir:
+                self._loop(run_dir, writer, history, on_step)
+        except Interrupted:
+            path = self.save_checkpoint()
+            self.log(f"saved {path}; continue with --resume")
+            raise KeyboardInterrupt from None
+        finally:
+            if writer is not None:
+                writer.close()
+        self.save_checkpoint()
+        self.host.export(self.out.resolve())
+        self.tok.hf.save_pretrained(str(self.out / "policy"))
+        write_report(self.out, run_dir.rows(), cfg)
+        return history
+
+    def _loop(self, run_dir: rundir.RunDir, writer, history: list, on_step) -> None:
+        """Steps until `pipeline.steps`: validation, metrics, checkpoints."""
+        cfg = self.cfg
+        if self.step == 0 and cfg.data.val_size:  # the starting accuracy, for reference
+            m0 = {"step": 0, "val_accuracy": self.validate()}
+            run_dir.append(m0)
+            history.append(m0)
+            self.log(f"step 0: validation accuracy {m0['val_accuracy']:.3f}")
+        while self.step < cfg.pipeline.steps:
+            m = self.run_step()
+            last = self.step == cfg.pipeline.steps
+            if cfg.data.val_size and (self.step % cfg.data.val_every == 0 or last):
+                m["val_accuracy"] = self.validate()
+            run_dir.append(m)
+            if writer is not None:
+                tensorboard.write(writer, m)
+            history.append(m)
+            if on_step:
+                on_step(m)
+            every = cfg.pipeline.checkpoint_every
+            if every and self.step % every == 0 and not last:
+                self.save_checkpoint()
+            self._check_stop()
