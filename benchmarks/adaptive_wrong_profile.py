@@ -117,7 +117,7 @@ def requests(tok, args, seed: int) -> list[Request]:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8)
@@ -135,53 +135,54 @@ def main() -> None:
     ap.add_argument(
         "--save-wrong", default="", help="write the wrong profile here (for rollout.profile=)"
     )
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    modes = args.modes.split(",")
-    if "plain" not in modes:
-        raise SystemExit("--modes must include plain (the reference)")
+    return ap.parse_args()
 
-    t_start = time.perf_counter()
-    path = resolve("smollm2")
-    model, tok = load_model(path).eval(), Tokenizer(path)
-    spec = drafter_spec(args.drafter)
-    drafter = build_drafter(spec, model)
-    prof_prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=PROFILE_PROMPTS_SEED)]
-    cm = cached_profile(model, drafter, prof_prompts, args.profile, log)
+
+def profiles(args, model, drafter, prompts: list[list[int]]) -> tuple[CostModel, CostModel]:
+    """The machine's profile (cached, or measured now) and the deliberately wrong one
+    (saved to `--save-wrong` when given)."""
+    cm = cached_profile(model, drafter, prompts, args.profile, log)
     # as in training: a cached profile that disagrees with the measured times is marked
     # stale (measured again by the next run); the wrong one never touches the cache
-    right = cm
     bad = wrong_profile(cm, args.wrong)
     if args.save_wrong:
         bad.save(args.save_wrong)
         log(f"wrong profile saved to {args.save_wrong}")
+    return cm, bad
 
-    ecfg = EngineConfig(max_batch=args.max_batch)
+
+def depth_policies(right: CostModel, bad: CostModel, k_max: int) -> dict:
+    """The depth policy of every speculative mode."""
     depths = {
-        "adaptive": AdaptiveDepth(right, k_max=args.k_max),
-        "wrong": AdaptiveDepth(bad, k_max=args.k_max),
-        "wrong_nocal": Uncalibrated(bad, k_max=args.k_max),
+        "adaptive": AdaptiveDepth(right, k_max=k_max),
+        "wrong": AdaptiveDepth(bad, k_max=k_max),
+        "wrong_nocal": Uncalibrated(bad, k_max=k_max),
     }
     depths["k0"] = FixedDepth(0)
-    engines = {
-        m: Engine(model, ecfg) if m == "plain" else Engine(model, ecfg, drafter, depths[m])
-        for m in modes
-    }
-    adaptive = {m: d for m, d in depths.items() if isinstance(d, AdaptiveDepth)}
+    return depths
+
+
+def profile_best_k(modes: list[str], adaptive: dict[str, AdaptiveDepth]) -> dict[str, list[int]]:
+    """Each adaptive mode's best k by its profile alone, at B = 1..32 (logged)."""
     what_profile = {
         m: [adaptive[m].best(B, 100.0) for B in (1, 2, 4, 8, 16, 32)]
         for m in modes
         if m in adaptive
     }
     log(f"profile's best k at B = 1,2,4,8,16,32 (ctx 100): {what_profile}")
+    return what_profile
+
+
+def warm_up(engines: dict[str, Engine], prompt: list[int], temperature: float) -> None:
     warm = [
-        Request(prof_prompts[0], SamplingParams(args.temperature, max_new_tokens=4, seed=s))
-        for s in range(2)
+        Request(prompt, SamplingParams(temperature, max_new_tokens=4, seed=s)) for s in range(2)
     ]
     for eng in engines.values():  # weight packing, allocations
         eng.generate(warm)
 
+
+def measure(engines: dict[str, Engine], modes: list[str], tok, args) -> dict[str, list[dict]]:
+    """`--rounds` rounds, each on its own seeds, the modes in a rotating order."""
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.rounds):
         reqs = requests(tok, args, seed=1000 + r)
@@ -208,7 +209,17 @@ def main() -> None:
                 f"round {r} {m:>11}: {dt:6.2f} s {n:5d} tok {n / dt:7.1f} tok/s  "
                 f"AL {s.acceptance_length:.2f} depths {list(s.depth_hist)}"
             )
+    return runs
 
+
+def summarise(
+    modes: list[str],
+    runs: dict[str, list[dict]],
+    adaptive: dict[str, AdaptiveDepth],
+    what_profile: dict[str, list[int]],
+) -> list[dict]:
+    """One row per mode: medians over rounds, ratios to plain, and the adaptive modes'
+    profile, calibration and warnings."""
     rows = []
     for m in modes:
         ratios = [x["tok_s"] / p["tok_s"] for x, p in zip(runs[m], runs["plain"], strict=True)]
@@ -225,18 +236,25 @@ def main() -> None:
         }
         if m in adaptive:
             row["profile_best_k"] = what_profile[m]
-            row["calibration"] = depths[m].calibration()
-            row["disagreement"] = depths[m].disagreement
+            row["calibration"] = adaptive[m].calibration()
+            row["disagreement"] = adaptive[m].disagreement
             row["warnings"] = sorted({w for x in runs[m] for w in x["warnings"]})
         rows.append(row)
+    return rows
 
+
+def log_table(rows: list[dict]) -> None:
     log(f"{'mode':>11} {'tok/s':>7} {'vs plain':>8} {'round 0':>8} {'time':>6} {'AL':>5}")
     for row in rows:
         log(
             f"{row['mode']:>11} {row['tok_s']:7.1f} {row['ratio_vs_plain']:8.3f} "
             f"{row['ratio_round0']:8.3f} {row['time_ratio']:6.3f} {row['acceptance_length']:5.2f}"
         )
-    out = {
+
+
+def result(args, spec: str, cm: CostModel, rows: list[dict], t_start: float) -> dict:
+    """The JSON line: configuration, profile and rows."""
+    return {
         "bench": "adaptive_wrong_profile",
         "model": "smollm2",
         "drafter": spec,
@@ -257,7 +275,38 @@ def main() -> None:
         "rows": rows,
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
-    line = json.dumps(out)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    modes = args.modes.split(",")
+    if "plain" not in modes:
+        raise SystemExit("--modes must include plain (the reference)")
+
+    t_start = time.perf_counter()
+    path = resolve("smollm2")
+    model, tok = load_model(path).eval(), Tokenizer(path)
+    spec = drafter_spec(args.drafter)
+    drafter = build_drafter(spec, model)
+    prof_prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=PROFILE_PROMPTS_SEED)]
+    cm, bad = profiles(args, model, drafter, prof_prompts)
+
+    ecfg = EngineConfig(max_batch=args.max_batch)
+    depths = depth_policies(cm, bad, args.k_max)
+    engines = {
+        m: Engine(model, ecfg) if m == "plain" else Engine(model, ecfg, drafter, depths[m])
+        for m in modes
+    }
+    adaptive = {m: d for m, d in depths.items() if isinstance(d, AdaptiveDepth)}
+    what_profile = profile_best_k(modes, adaptive)
+    warm_up(engines, prof_prompts[0], args.temperature)
+
+    runs = measure(engines, modes, tok, args)
+    rows = summarise(modes, runs, adaptive, what_profile)
+    log_table(rows)
+    line = json.dumps(result(args, spec, cm, rows, t_start))
     if args.out:
         Path(args.out).write_text(line + "\n")
     print(line)

@@ -40,6 +40,7 @@ from specroll.model.hub import resolve
 from specroll.model.tokenizer import Tokenizer
 from specroll.rl.config import build_config
 from specroll.rl.run.draft import build_draft
+from specroll.sim.costmodel import CostModel
 from specroll.sim.rollout import Speculation, simulate_replica
 from specroll.tasks.sets import encode, math_problems
 
@@ -64,7 +65,7 @@ def conditional(per_position: list[float]) -> list[float]:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8)
@@ -74,8 +75,12 @@ def main() -> None:
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--profile", default="", help="hardware profile (default: cached/measured)")
     ap.add_argument("--out", default="", help="also write the JSON here")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def load(profile: str) -> tuple:
+    """(policy, tokenizer, drafter, hardware profile): SmolLM2, the default preset's
+    EAGLE-3 draft, and the profile at `profile` (default: cached, or measured now)."""
     d = resolve("smollm2")
     policy, tok = load_model(d).eval(), Tokenizer(d)
     cfg = build_config("default", [])
@@ -85,28 +90,26 @@ def main() -> None:
         policy,
         drafter,
         [encode(tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)],
-        args.profile,
+        profile,
     )
-    sets = [
-        requests(tok, args.prompts, args.samples, args.new_tokens, r) for r in range(args.repeats)
-    ]
-    warm = requests(tok, args.prompts, 2, args.new_tokens, seed=99)
-    ecfg = EngineConfig(max_batch=args.max_batch)
-    depths = {"ar": None}
+    return policy, tok, drafter, cm
+
+
+def depth_configs(cm: CostModel, k_max: int) -> dict[str, FixedDepth | AdaptiveDepth | None]:
+    """Every configuration's depth policy (None: plain decoding)."""
+    depths: dict[str, FixedDepth | AdaptiveDepth | None] = {"ar": None}
     for k in (1, 2, 3, 5, 7):
         depths[f"k{k}"] = FixedDepth(k)
     depths["k3_tail"] = FixedDepth(3, max_batch=1)
-    depths["adaptive"] = AdaptiveDepth(cm, k_max=args.k_max)
-    engines = {
-        n: Engine(policy, ecfg) if dp is None else Engine(policy, ecfg, drafter, dp)
-        for n, dp in depths.items()
-    }
-    for n, eng in engines.items():  # warm-up: caches, packing, adaptive estimates
-        eng.generate(warm)
-        print(f"warm {n}", flush=True)
+    depths["adaptive"] = AdaptiveDepth(cm, k_max=k_max)
+    return depths
+
+
+def measure(engines: dict[str, Engine], sets: list[list[Request]]) -> dict[str, list[dict]]:
+    """Repeat r runs every configuration on seed set r, in a rotating order."""
     names = list(engines)
     runs: dict[str, list[dict]] = {n: [] for n in names}
-    for r in range(args.repeats):
+    for r in range(len(sets)):
         order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             t0 = time.perf_counter()
@@ -123,22 +126,29 @@ def main() -> None:
                 }
             )
             print(f"repeat {r} {n}: {dt:.2f} s  AL {s.acceptance_length:.3f}", flush=True)
+    return runs
 
-    prompt_len = statistics.mean(len(q.prompt_ids) for q in sets[0])
-    k7 = runs["k7"][-1]["per_position"]
-    alphas = conditional(k7) + [0.0] * (args.k_max - len(k7))
+
+def speculation(
+    dp: FixedDepth | AdaptiveDepth | None, alphas: list[float], k_max: int
+) -> Speculation:
+    """The simulator's description of one configuration."""
+    if dp is None:
+        return Speculation()
+    if isinstance(dp, AdaptiveDepth):
+        return Speculation(k_max, alphas, adaptive=True)
+    return Speculation(dp.k, alphas[: dp.k], max_batch=dp.max_batch)
+
+
+def compare(runs, depths, cm: CostModel, args, prompt_len: float, alphas) -> list[dict]:
+    """Per configuration: the measured means beside the simulator's prediction from each
+    run's response lengths."""
     ar_s = statistics.mean(x["s"] for x in runs["ar"])
     rows = []
-    for n in names:
+    for n in runs:
         meas = statistics.mean(x["s"] for x in runs[n])
         tokens = statistics.mean(sum(x["lengths"]) for x in runs[n])
-        dp = depths[n]
-        if dp is None:
-            spec = Speculation()
-        elif isinstance(dp, AdaptiveDepth):
-            spec = Speculation(args.k_max, alphas, adaptive=True)
-        else:
-            spec = Speculation(dp.k, alphas[: dp.k], max_batch=dp.max_batch)
+        spec = speculation(depths[n], alphas, args.k_max)
         preds = []
         for x in runs[n]:
             lengths = torch.tensor(x["lengths"], dtype=torch.float64)
@@ -162,17 +172,25 @@ def main() -> None:
     for row in rows:
         row["sim_speedup"] = round(sim_ar / row["sim_gen_s"], 3)
         row["sim_speedup_err"] = round(row["sim_speedup"] / row["speedup"] - 1, 4)
-    fixed = [r for r in rows if r["config"] in ("k1", "k2", "k3", "k5", "k7")]
-    best = min(fixed, key=lambda r: r["gen_s"])
-    adaptive = next(r for r in rows if r["config"] == "adaptive")
-    k3 = next(r for r in rows if r["config"] == "k3")
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
     print(f"{'config':>9} {'gen_s':>7} {'speedup':>7} {'AL':>5} {'sim_s':>7} {'err':>7}")
     for r in rows:
         print(
             f"{r['config']:>9} {r['gen_s']:7.2f} {r['speedup']:7.3f} "
             f"{r['acceptance_length']:5.2f} {r['sim_gen_s']:7.2f} {r['sim_err']:+7.1%}"
         )
-    out = {
+
+
+def result(args, prompt_len: float, alphas, cm: CostModel, rows: list[dict]) -> dict:
+    """The JSON line: workload, rows, and adaptive depth against the fixed depths."""
+    fixed = [r for r in rows if r["config"] in ("k1", "k2", "k3", "k5", "k7")]
+    best = min(fixed, key=lambda r: r["gen_s"])
+    adaptive = next(r for r in rows if r["config"] == "adaptive")
+    k3 = next(r for r in rows if r["config"] == "k3")
+    return {
         "bench": "depth_sweep",
         "model": "smollm2",
         "workload": {
@@ -193,7 +211,32 @@ def main() -> None:
         "adaptive_vs_k3": round(k3["gen_s"] / adaptive["gen_s"], 3),
         "adaptive_vs_ar": adaptive["speedup"],
     }
-    line = json.dumps(out)
+
+
+def main() -> None:
+    args = parse_args()
+    policy, tok, drafter, cm = load(args.profile)
+    sets = [
+        requests(tok, args.prompts, args.samples, args.new_tokens, r) for r in range(args.repeats)
+    ]
+    warm = requests(tok, args.prompts, 2, args.new_tokens, seed=99)
+    ecfg = EngineConfig(max_batch=args.max_batch)
+    depths = depth_configs(cm, args.k_max)
+    engines = {
+        n: Engine(policy, ecfg) if dp is None else Engine(policy, ecfg, drafter, dp)
+        for n, dp in depths.items()
+    }
+    for n, eng in engines.items():  # warm-up: caches, packing, adaptive estimates
+        eng.generate(warm)
+        print(f"warm {n}", flush=True)
+    runs = measure(engines, sets)
+
+    prompt_len = statistics.mean(len(q.prompt_ids) for q in sets[0])
+    k7 = runs["k7"][-1]["per_position"]
+    alphas = conditional(k7) + [0.0] * (args.k_max - len(k7))
+    rows = compare(runs, depths, cm, args, prompt_len, alphas)
+    print_table(rows)
+    line = json.dumps(result(args, prompt_len, alphas, cm, rows))
     if args.out:
         with open(args.out, "w") as f:
             f.write(line + "\n")

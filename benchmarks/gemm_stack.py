@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 import torch
 
@@ -51,21 +52,42 @@ def stack_shapes() -> list[tuple[int, int]]:
     return layer * s.layers + [(H, s.vocab)]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--inductor", action="store_true", help="also torch.compile max-autotune")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    shapes = stack_shapes()
-    g = torch.Generator().manual_seed(0)
-    ws = [torch.randn(K, N, generator=g) * K**-0.5 for K, N in shapes]  # [K, N] each
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w.T.contiguous()) for w in ws]
-    weight_bytes = sum(w.numel() for w in ws) * 4
-    flops_per_row = 2 * sum(w.numel() for w in ws)
-    xs = {M: {K: torch.randn(M, K, generator=g) for K in {k for k, _ in shapes}} for M in ROWS}
+    return ap.parse_args()
 
+
+def inductor_kernel(shapes, ws: list[torch.Tensor], xs: dict) -> Callable[[int], object]:
+    """The stack as `nn.Linear`s compiled with max-autotune and freezing, one graph per M."""
+    import torch._inductor.config as ic
+
+    ic.freezing, ic.max_autotune = True, True
+    ic.max_autotune_gemm_backends = "CPP,ATEN"
+    linears = torch.nn.ModuleList()
+    for w in ws:
+        lin = torch.nn.Linear(w.shape[0], w.shape[1], bias=False)
+        lin.weight.data = w.T.contiguous()
+        linears.append(lin)
+    linears.eval()
+
+    def run_all(x_by_k: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+        return [lin(x_by_k[K]) for (K, _), lin in zip(shapes, linears, strict=True)]
+
+    compiled = {}
+    with torch.no_grad():
+        for M in ROWS:
+            compiled[M] = torch.compile(run_all, dynamic=False)
+            compiled[M](xs[M])
+    return lambda M: compiled[M](xs[M])
+
+
+def stack_kernels(
+    shapes, ws: list[torch.Tensor], packed: list[torch.Tensor], xs: dict, inductor: bool
+) -> dict[str, Callable[[int], object]]:
+    """Every available kernel as fn(M): the whole stack of products on M rows."""
     kernels = {
         "onednn": lambda M: [
             torch.ops.mkldnn._linear_pointwise(xs[M][K], p, None, "none", [], "")
@@ -78,47 +100,38 @@ def main() -> None:
         kernels["mkl"] = lambda M: [
             packing.packed_mm(xs[M][K], w, p) for (K, _), w, p in zip(shapes, ws, mkl, strict=True)
         ]
-    if args.inductor:
-        import torch._inductor.config as ic
+    if inductor:
+        kernels["inductor"] = inductor_kernel(shapes, ws, xs)
+    return kernels
 
-        ic.freezing, ic.max_autotune = True, True
-        ic.max_autotune_gemm_backends = "CPP,ATEN"
-        linears = torch.nn.ModuleList()
-        for w in ws:
-            lin = torch.nn.Linear(w.shape[0], w.shape[1], bias=False)
-            lin.weight.data = w.T.contiguous()
-            linears.append(lin)
-        linears.eval()
 
-        def run_all(x_by_k: dict[int, torch.Tensor]) -> list[torch.Tensor]:
-            return [lin(x_by_k[K]) for (K, _), lin in zip(shapes, linears, strict=True)]
-
-        compiled = {}
-        with torch.no_grad():
-            for M in ROWS:
-                compiled[M] = torch.compile(run_all, dynamic=False)
-                compiled[M](xs[M])
-        kernels["inductor"] = lambda M: compiled[M](xs[M])
-
+def stack_ms(kernels: dict, repeats: int) -> dict[str, dict[int, float]]:
+    """Best over 3 rounds of each kernel's median stack time (ms) per M."""
     ms: dict[str, dict[int, float]] = {k: {} for k in kernels}
-    with torch.no_grad():
-        for _ in range(3):  # rounds: every kernel and M sees the same machine load
-            for name, fn in kernels.items():
-                for M in ROWS:
-                    t = _median_ms(lambda fn=fn, M=M: fn(M), max(args.repeats // 3, 3))
-                    ms[name][M] = min(ms[name].get(M, float("inf")), t)
-        # compute roof: one cache-resident gate/up product at M = 16
-        K, N = shapes[2]
-        x16 = torch.randn(16, K, generator=g)
-        hot = _median_ms(
-            lambda: [
-                torch.ops.mkldnn._linear_pointwise(x16, packed[2], None, "none", [], "")
-                for _ in range(50)
-            ],
-            args.repeats,
-        )
-        hot_gflops = 2 * 16 * K * N * 50 / hot / 1e6
+    for _ in range(3):  # rounds: every kernel and M sees the same machine load
+        for name, fn in kernels.items():
+            for M in ROWS:
+                t = _median_ms(lambda fn=fn, M=M: fn(M), max(repeats // 3, 3))
+                ms[name][M] = min(ms[name].get(M, float("inf")), t)
+    return ms
 
+
+def hot_gflop_s(shapes, packed: list[torch.Tensor], g: torch.Generator, repeats: int) -> float:
+    """Compute roof: one cache-resident gate/up product at M = 16, in GFLOP/s."""
+    K, N = shapes[2]
+    x16 = torch.randn(16, K, generator=g)
+    hot = _median_ms(
+        lambda: [
+            torch.ops.mkldnn._linear_pointwise(x16, packed[2], None, "none", [], "")
+            for _ in range(50)
+        ],
+        repeats,
+    )
+    return 2 * 16 * K * N * 50 / hot / 1e6
+
+
+def table(ms: dict[str, dict[int, float]], weight_bytes: int, flops_per_row: int) -> list[dict]:
+    """Print and return one row per kernel and M."""
     rows = []
     print(f"{'kernel':>9} {'M':>3} {'ms':>7} {'GB/s':>6} {'GFLOP/s':>8} {'vs M=4':>7}")
     for name, by_m in ms.items():
@@ -136,6 +149,26 @@ def main() -> None:
                 f"{name:>9} {M:>3} {row['ms']:>7.2f} {row['gb_s']:>6.1f} "
                 f"{row['gflop_s']:>8.1f} {row['ratio_vs_m4']:>7.3f}"
             )
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    shapes = stack_shapes()
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(K, N, generator=g) * K**-0.5 for K, N in shapes]  # [K, N] each
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w.T.contiguous()) for w in ws]
+    weight_bytes = sum(w.numel() for w in ws) * 4
+    flops_per_row = 2 * sum(w.numel() for w in ws)
+    xs = {M: {K: torch.randn(M, K, generator=g) for K in {k for k, _ in shapes}} for M in ROWS}
+    kernels = stack_kernels(shapes, ws, packed, xs, args.inductor)
+
+    with torch.no_grad():
+        ms = stack_ms(kernels, args.repeats)
+        hot_gflops = hot_gflop_s(shapes, packed, g, args.repeats)
+
+    rows = table(ms, weight_bytes, flops_per_row)
     # verify_cost compares the engine's kernel with itself: oneDNN at M = 16 vs M = 4
     need = flops_per_row * 16 / (1.3 * ms["onednn"][4]) / 1e6
     print(

@@ -166,7 +166,7 @@ def optim_variants(policy, lr: float) -> dict[str, torch.optim.Optimizer]:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtypes", default="float32,bfloat16")
@@ -180,43 +180,57 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="torch.profiler of one train")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    stages = args.stages.split(",")
-    dtypes = {n: getattr(torch, n) for n in args.dtypes.split(",")}
-    impls = args.impls.split(",")
-    drafts = {"both": (False, True), "on": (True,), "off": (False,)}[args.draft]
+    return ap.parse_args()
 
+
+def response_lengths(args: argparse.Namespace) -> tuple[int, int]:
+    lo, hi = (int(x) for x in args.lengths.split(","))
+    return lo, hi
+
+
+def build_workload(args: argparse.Namespace, with_draft: bool) -> tuple:
+    """(policy, batch, learner): SmolLM2, the step's batch, and a default-preset learner
+    (with a random EAGLE-3 draft when `with_draft`)."""
     policy, tok = load_policy("smollm2")
     cfg = build_config("default", ["draft.init=random", f"policy.micro_batch={args.micro_batch}"])
-    lo, hi = (int(x) for x in args.lengths.split(","))
-    mc = policy.cfg
-    batch = make_batch(tok, args.prompts, args.group, lo, hi, mc.vocab_size, args.seed)
-    draft = build_draft(cfg, policy, tok, None) if True in drafts else None
+    lo, hi = response_lengths(args)
+    batch = make_batch(tok, args.prompts, args.group, lo, hi, policy.cfg.vocab_size, args.seed)
+    draft = build_draft(cfg, policy, tok, None) if with_draft else None
     learner = build_learner(cfg, policy, draft, torch.device("cpu"))
-    conf = Configured(learner)
-    n_tok = int(batch.lengths.sum())
-    n_resp = int(batch.response_mask.sum())
-    setup = dict(
+    return policy, batch, learner
+
+
+def describe_setup(args: argparse.Namespace, batch: Batch) -> dict:
+    """The run's configuration (printed first, and the JSON line's `setup`)."""
+    lo, hi = response_lengths(args)
+    return dict(
         model="smollm2-135m",
         sequences=batch.tokens.shape[0],
         prompt_len=sorted(set(batch.prompt_lens.tolist())),
         response_len=[lo, hi],
-        tokens=n_tok,
-        response_tokens=n_resp,
+        tokens=int(batch.lengths.sum()),
+        response_tokens=int(batch.response_mask.sum()),
         micro_batch=args.micro_batch,
         threads=torch.get_num_threads(),
         torch=torch.__version__,
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
         repeats=args.repeats,
     )
-    print(json.dumps(setup))
-    fwd_model = model_flops(mc, batch)
-    results: dict[str, dict] = {}
-    old = learner.logprobs(batch)  # warm-up (and the old log-probs of every train)
 
-    configs = [(i, d, dr) for i in impls for d in dtypes for dr in drafts]
+
+def time_configs(
+    conf: Configured,
+    batch: Batch,
+    old: torch.Tensor,
+    configs: list[tuple[str, str, bool]],
+    dtypes: dict,
+    stages: list[str],
+    args: argparse.Namespace,
+) -> dict[str, dict]:
+    """Stages `logprob` and `train` of every (impl, dtype, draft) configuration, `--repeats`
+    rounds in a rotating order; per configuration the times and the executed forward FLOPs."""
+    mc = conf.lr.policy.cfg
+    results: dict[str, dict] = {}
     for r in range(args.repeats):
         for impl, dname, dr in configs[r % len(configs) :] + configs[: r % len(configs)]:
             lr = conf.set(impl, dtypes[dname], dr)
@@ -229,7 +243,11 @@ def main() -> None:
             if "train" in stages:
                 res["train"].append(timed(lambda lr=lr: lr.train(batch, old - 0.01)))
             print(key, {k: round(v[-1], 2) for k, v in res.items() if isinstance(v, list) and v})
+    return results
 
+
+def stage_table(results: dict[str, dict], n_tok: int, fwd_model: float) -> dict[str, dict]:
+    """Per configuration and stage: median seconds, tokens/s, executed and model GFLOP/s."""
     table = {}
     for key, res in results.items():
         row = {}
@@ -244,25 +262,52 @@ def main() -> None:
                 )
         table[key] = row
         print(key, row)
+    return table
+
+
+def optim_stage(learner: Learner, policy, batch: Batch, old: torch.Tensor, repeats: int) -> dict:
+    """Gradient clipping + AdamW step of the policy, per implementation (median seconds)."""
+    learner.train(batch, old - 0.01)  # gradients to step on
+    variants = optim_variants(policy, 0.0)
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    params = list(policy.parameters())
+    for _ in range(repeats + 1):  # the first round allocates the states
+        for name, opt in variants.items():
+
+            def step(opt=opt, name=name):
+                torch.nn.utils.clip_grad_norm_(params, 1e9, foreach=name != "forloop")
+                opt.step()
+
+            times[name].append(timed(step))
+    out = {k: round(statistics.median(v[1:]), 3) for k, v in times.items()}
+    del variants
+    print("optim", out)
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    stages = args.stages.split(",")
+    dtypes = {n: getattr(torch, n) for n in args.dtypes.split(",")}
+    impls = args.impls.split(",")
+    drafts = {"both": (False, True), "on": (True,), "off": (False,)}[args.draft]
+
+    policy, batch, learner = build_workload(args, True in drafts)
+    conf = Configured(learner)
+    setup = describe_setup(args, batch)
+    print(json.dumps(setup))
+    fwd_model = model_flops(policy.cfg, batch)
+    old = learner.logprobs(batch)  # warm-up (and the old log-probs of every train)
+
+    configs = [(i, d, dr) for i in impls for d in dtypes for dr in drafts]
+    results = time_configs(conf, batch, old, configs, dtypes, stages, args)
+    table = stage_table(results, setup["tokens"], fwd_model)
 
     extra: dict = {}
     if "optim" in stages:
-        learner.train(batch, old - 0.01)  # gradients to step on
-        variants = optim_variants(policy, 0.0)
-        times: dict[str, list[float]] = {k: [] for k in variants}
-        params = list(policy.parameters())
-        for _ in range(args.repeats + 1):  # the first round allocates the states
-            for name, opt in variants.items():
-
-                def step(opt=opt, name=name):
-                    torch.nn.utils.clip_grad_norm_(params, 1e9, foreach=name != "forloop")
-                    opt.step()
-
-                times[name].append(timed(step))
-        extra["optim_s"] = {k: round(statistics.median(v[1:]), 3) for k, v in times.items()}
-        del variants
-        print("optim", extra["optim_s"])
-
+        extra["optim_s"] = optim_stage(learner, policy, batch, old, args.repeats)
     mb = batch.rows(list(range(min(args.micro_batch, batch.tokens.shape[0]))))
     if "head" in stages:
         extra["head"] = head_stage(policy, mb, dtypes, args.repeats)

@@ -46,7 +46,11 @@ def fit_mean_len(kind: str, target: float, **hw) -> float:
     return math.sqrt(lo * hi)
 
 
-def main() -> None:
+def floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",")]
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--flop-eff", default="0.12,0.15,0.2,0.25,0.3")
     ap.add_argument("--mem-eff", default="0.55,0.7,0.8,0.9")
@@ -55,10 +59,12 @@ def main() -> None:
     ap.add_argument(
         "--calibrate-on", choices=("zero", "think"), default="zero", help="workload fitted"
     )
-    args = ap.parse_args()
-    floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
-    fit_kind = args.calibrate_on
-    other_kind = "think" if fit_kind == "zero" else "zero"
+    return ap.parse_args()
+
+
+def fit_hardware(args: argparse.Namespace, fit_kind: str) -> tuple[float, dict, float]:
+    """Step 1: the grid search over the GB200 efficiency factors on `fit_kind`'s speculative
+    generation times. Returns (squared log error, factors, fitted mean response length)."""
     fit_paper = PAPER[f"paper-8b-rl-{fit_kind}"]
     gen_ar = fit_paper["stages_ar"]["gen"]
     target = {k: gen_ar / s for k, s in fit_paper["gen_speedup"].items()}
@@ -83,13 +89,12 @@ def main() -> None:
         if best is None or err < best[0]:
             best = (err, hw, L, pred)
     err, hw, fit_len, _ = best
-    other = PAPER[f"paper-8b-rl-{other_kind}"]
-    other_len = fit_mean_len(other_kind, other["stages_ar"]["gen"], **hw)
-    lens = {fit_kind: fit_len, other_kind: other_len}
-    zero = PAPER["paper-8b-rl-zero"]
-    zero_len = lens["zero"]
+    return err, hw, fit_len
 
-    # learner: MFUs and prepare from RL-Zero's AR stages (one pass each, closed form)
+
+def fit_learner(hw: dict, zero_len: float) -> dict:
+    """Step 3: learner MFUs and prepare from RL-Zero's AR stages (one pass each, closed form)."""
+    zero = PAPER["paper-8b-rl-zero"]
     base = paper_8b("zero", mean_len=zero_len, **hw)
     tokens = float(base.workload.draw().sum()) + base.workload.samples * base.workload.prompts * (
         base.workload.prompt_len
@@ -99,8 +104,11 @@ def main() -> None:
     tr = base.learner.train_mfu * unit["train"] / zero["stages_ar"]["train"]
     sync = unit["prepare"] - base.learner.prepare_fixed_s
     prep = zero["stages_ar"]["prepare"] - sync
-    learner = {"logprob_mfu": round(lp, 4), "train_mfu": round(tr, 4), "prepare_fixed_s": prep}
+    return {"logprob_mfu": round(lp, 4), "train_mfu": round(tr, 4), "prepare_fixed_s": prep}
 
+
+def predict_rows(lens: dict[str, float], hw: dict, learner: dict, fit_kind: str) -> list[dict]:
+    """Both workloads at k = 3, 5, 7 with the fitted values, beside the paper's figures."""
     rows = []
     for kind, L in (("zero", lens["zero"]), ("think", lens["think"])):
         paper = PAPER[f"paper-8b-rl-{kind}"]
@@ -127,6 +135,10 @@ def main() -> None:
                     "sim_step_cost_ar": round(al[k] / res["gen_speedup"], 3),
                 }
             )
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
     head = ("workload", "k", "gen x", "paper", "err", "step x", "paper")
     print("{:>8} {:>2} {:>6} {:>6} {:>7} {:>7} {:>6}".format(*head))
     for r in rows:
@@ -135,6 +147,9 @@ def main() -> None:
             f"{r['workload']:>8} {r['k']:>2} {r['gen_speedup']:6.2f} {r['paper_gen_speedup']:6.2f} "
             f"{r['gen_err']:+7.1%} {r['step_speedup']:7.2f} {ps if ps else '':>6}"
         )
+
+
+def print_marginal_costs(rows: list[dict]) -> None:
     # The marginal cost of a draft token (AR steps per extra k) exposes what a roofline
     # step model can and cannot follow: it is ~0.3 up to k = 3 in both workloads (k = 0
     # costs 1), then RL-Think jumps to ~1.0 between k = 3 and 5 and falls back to ~0.5.
@@ -152,6 +167,21 @@ def main() -> None:
             }
             parts.append(f"k {lo}->{hi}: {cost['paper']:.2f} | {cost['sim']:.2f}")
         print(f"  {kind:>5}  " + "   ".join(parts))
+
+
+def main() -> None:
+    args = parse_args()
+    fit_kind = args.calibrate_on
+    other_kind = "think" if fit_kind == "zero" else "zero"
+    err, hw, fit_len = fit_hardware(args, fit_kind)
+    # step 2: the other workload's mean response length, from its AR generation time
+    other = PAPER[f"paper-8b-rl-{other_kind}"]
+    other_len = fit_mean_len(other_kind, other["stages_ar"]["gen"], **hw)
+    lens = {fit_kind: fit_len, other_kind: other_len}
+    learner = fit_learner(hw, lens["zero"])
+    rows = predict_rows(lens, hw, learner, fit_kind)
+    print_table(rows)
+    print_marginal_costs(rows)
     out = {
         "bench": "sim_paper",
         "fitted": {
