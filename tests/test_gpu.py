@@ -49,19 +49,28 @@ def test_speculative_joint_distribution_is_exact_on_gpu(drafter, dtype):
     same (GPU, dtype) model, with the same power check."""
     from specroll.engine import Engine, EngineConfig
     from specroll.engine.depth import FixedDepth
-    from tests import test_spec_engine as S
+    from tests.conftest import (
+        JOINT_SAMPLES,
+        chi2_pvalue,
+        exact_joint,
+        sample_joint,
+        spec_drafters,
+        spec_model,
+        tv_shifted,
+    )
 
-    target = S._model(0).to(device="cuda", dtype=dtype)
-    make = S._drafters(target)[drafter]
+    target = spec_model(0).to(device="cuda", dtype=dtype)
+    make = spec_drafters(target)[drafter]
     d = make()
     if d.network is not None:
         d.network.to(device="cuda", dtype=dtype)
     engine = Engine(target, EngineConfig(max_batch=512), drafter=d, depth=FixedDepth(3))
-    counts = S._sample_joint(engine, S.N, 1.0, 0, 1.0, mixed=True).cpu()
-    assert engine.stats.draft_tokens > S.N // 2 and engine.stats.acceptance_rate < 0.95
-    exact = S._exact_joint(target, 1.0, 0, 1.0).cpu()
-    assert S._pvalue(counts, exact) > 1e-4
-    assert S._pvalue(counts, S._shifted(exact, 0.02)) < 1e-4
+    counts = sample_joint(engine, JOINT_SAMPLES, 1.0, 0, 1.0, mixed=True).cpu()
+    s = engine.stats
+    assert s.draft_tokens > JOINT_SAMPLES // 2 and s.acceptance_rate < 0.95
+    exact = exact_joint(target, 1.0, 0, 1.0).cpu()
+    assert chi2_pvalue(counts, exact) > 1e-4
+    assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -16,8 +16,7 @@ from specroll.rl.algo import loss as L
 from specroll.rl.algo.batch import Batch
 from specroll.rl.algo.logprobs import head_logprobs, sequence_logprobs
 from specroll.rl.config import build_config
-from specroll.rl.learner.build import build_learner
-from specroll.rl.learner.learner import Learner
+from tests.conftest import learner
 
 CUDA = torch.cuda.is_available()
 
@@ -45,12 +44,6 @@ def tiny_batch(vocab: int = 97, n: int = 10, width: int = 40, seed: int = 0) -> 
     b = Batch(tokens, prompt, lengths, torch.randn(n, generator=g), torch.zeros(n, width))
     b.behaviour_logp = -4.5 * torch.rand(n, width, generator=g) * b.response_mask
     return b
-
-
-def learner(policy, *overrides: str, draft=None) -> Learner:
-    """The learner a run of the tiny preset builds (micro-batches of 4), on the CPU."""
-    cfg = build_config("tiny", ["policy.micro_batch=4", "learner.device=cpu", *overrides])
-    return build_learner(cfg, policy, draft)
 
 
 # ---------------------------------------------------------------- importance weights

@@ -13,7 +13,6 @@ bf16 model's (fp32-upcast) logits, and every draft network runs in bf16 too.
 
 from __future__ import annotations
 
-import itertools
 import math
 from statistics import median
 from types import SimpleNamespace
@@ -24,18 +23,24 @@ import torch
 import specroll.spec.verify as V
 from specroll.drafters.base import Proposal
 from specroll.drafters.draft_model import DraftModelDrafter
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
-from specroll.drafters.mtp import MTPConfig, MTPDraft, MTPDrafter
 from specroll.drafters.ngram import NgramDrafter
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
-from specroll.model import ModelConfig, Transformer
+from specroll.model import Transformer
 from specroll.model.weights import for_inference
-from specroll.spec.sampling import RowSampling, probs_from_logits
-from tests.test_sampling import _chi2_sf
+from tests.conftest import (
+    JOINT_SAMPLES,
+    PROMPT,
+    VOCAB,
+    chi2_pvalue,
+    exact_joint,
+    related_draft,
+    sample_joint,
+    spec_drafters,
+    spec_model,
+    tv_shifted,
+)
 
-VOCAB = 16
-PROMPT = [3, 7, 1, 3, 7, 2, 3, 7]  # repetitive, so the n-gram drafter finds matches
 SETTINGS = [  # temperature, top_k, top_p
     (0.7, 0, 1.0),
     (1.0, 0, 1.0),
@@ -43,128 +48,22 @@ SETTINGS = [  # temperature, top_k, top_p
     (1.0, 6, 1.0),
     (1.0, 0, 0.85),
 ]
-
-
-def _model(seed: int, std: float = 0.4) -> Transformer:
-    cfg = ModelConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        max_position_embeddings=256,
-    )
-    return Transformer(cfg).init_weights(seed=seed, std=std).eval()
-
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+N = JOINT_SAMPLES
+
+# tests/test_devices.py imports these from here (until it takes them from tests.conftest)
+_model, _related = spec_model, related_draft
 
 
 @pytest.fixture(scope="module")
 def target():
-    return _model(0)
+    return spec_model(0)
 
 
 @pytest.fixture(scope="module")
 def targets(target) -> dict[str, Transformer]:
     """The test target in each engine dtype (bf16: a cast copy, RoPE tables kept fp32)."""
-    return {"fp32": target, "bf16": for_inference(_model(0), "cpu", torch.bfloat16)}
-
-
-def _like(target: Transformer, module: torch.nn.Module) -> torch.nn.Module:
-    """`module` (a draft network) on the target's device and in its dtype."""
-    p = next(target.parameters())
-    return for_inference(module, p.device, p.dtype)
-
-
-def _related(target: Transformer, noise: float = 0.15) -> Transformer:
-    """A draft close to the target (like a distilled one): accepts some, rejects some."""
-    draft = _model(0)
-    g = torch.Generator().manual_seed(9)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.dim() == 2:
-                p.add_(torch.randn(p.shape, generator=g) * noise)
-    return draft
-
-
-def _eagle3(target: Transformer) -> Eagle3Head:
-    head = Eagle3Head(Eagle3Config.for_target(target.cfg, 12), embed=target)
-    return head.init_weights(3, 0.3)
-
-
-def _mtp(target: Transformer) -> MTPDraft:
-    return MTPDraft(MTPConfig.for_target(target.cfg, num_mtp=2), target).init_weights(4, 0.3)
-
-
-def _drafters(target):
-    """Drafter factories on `target`; draft networks (built and initialised on the CPU in
-    fp32) run on the target's device and in its dtype."""
-    return {
-        "ngram": lambda: NgramDrafter(n_max=2),
-        "draft_model": lambda: DraftModelDrafter(_like(target, _related(target))),
-        "oracle": lambda: DraftModelDrafter(target),
-        # random-init heads: exactness must not depend on the draft being any good
-        "eagle3": lambda: Eagle3Drafter(_like(target, _eagle3(target))),
-        "mtp": lambda: MTPDrafter(_like(target, _mtp(target))),
-    }
-
-
-def _exact_joint(model, t, k, p, n=3) -> torch.Tensor:
-    """P(y1..yn | PROMPT) of plain decoding, enumerated from the model's own fp32 logits
-    (a bf16 model's: upcast, as the engine samples them): [V**n], on the model's device."""
-    dev = next(model.parameters()).device
-    seqs = list(itertools.product(range(VOCAB), repeat=n - 1))
-    seqs = torch.tensor(seqs, device=dev)  # [V^(n-1), n-1]
-    full = torch.cat([torch.tensor(PROMPT, device=dev).expand(len(seqs), -1), seqs], dim=1)
-    with torch.no_grad():
-        logits = model(full).logits[:, len(PROMPT) - 1 :]  # [M, n, V] fp32
-    M = len(seqs)
-    rows = RowSampling.full(M, t, k, p, device=dev)
-    probs = probs_from_logits(logits, rows).double()  # [M, n, V]
-    joint = torch.ones(M, dtype=torch.float64, device=dev)
-    for i in range(n - 1):  # P(y1..y_{n-1}) for each prefix
-        joint = joint * probs[torch.arange(M, device=dev), i, seqs[:, i]]
-    return (joint.unsqueeze(1) * probs[:, n - 1]).flatten()  # [V^n]
-
-
-def _sample_joint(engine, n_samples, t, k, p, mixed: bool) -> torch.Tensor:
-    reqs = []
-    for i in range(n_samples):
-        cap = (i % 4) if mixed else None  # k = 0, 1, 2, 3 rows side by side
-        params = SamplingParams(
-            t, top_k=k, top_p=p, max_new_tokens=3, stop_token_ids=(), seed=i, max_draft=cap
-        )
-        reqs.append(Request(PROMPT, params))
-    res = engine.generate(reqs)
-    ids = torch.tensor([r.token_ids for r in res])  # [N, 3]
-    return torch.bincount(ids[:, 0] * VOCAB**2 + ids[:, 1] * VOCAB + ids[:, 2], minlength=VOCAB**3)
-
-
-def _pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Chi-square p-value with cells of expected count < 5 pooled into one."""
-    n = counts.sum().item()
-    exp = probs * n
-    assert counts[probs == 0].sum() == 0, "sampled a sequence of probability zero"
-    big = exp >= 5
-    obs = torch.cat([counts[big].double(), counts[~big].double().sum().view(1)])
-    e = torch.cat([exp[big], exp[~big].sum().view(1)])
-    keep = e > 0
-    stat = ((obs[keep] - e[keep]) ** 2 / e[keep]).sum().item()
-    return _chi2_sf(stat, int(keep.sum()) - 1)
-
-
-N = 30_000
-
-
-def _shifted(probs: torch.Tensor, tv: float) -> torch.Tensor:
-    """probs with `tv` mass moved from the likeliest cell to the second likeliest."""
-    out = probs.clone()
-    a, b = probs.argsort(descending=True)[:2]
-    out[a] -= tv
-    out[b] += tv
-    return out
+    return {"fp32": target, "bf16": for_inference(spec_model(0), "cpu", torch.bfloat16)}
 
 
 @pytest.mark.parametrize("dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
@@ -174,19 +73,19 @@ def test_joint_distribution_of_three_tokens_matches_plain_decoding(
     targets, drafter, t, k, p, dtype
 ):
     target = targets[dtype]
-    make = _drafters(target)[drafter]
+    make = spec_drafters(target)[drafter]
     engine = Engine(target, EngineConfig(max_batch=512), drafter=make(), depth=FixedDepth(3))
-    counts = _sample_joint(engine, N, t, k, p, mixed=True)
+    counts = sample_joint(engine, N, t, k, p, mixed=True)
     s = engine.stats
     assert s.draft_tokens > N // 2  # speculation really happened, with both outcomes
     assert s.acceptance_rate < 0.95  # rejections (residual draws) are exercised
     if drafter == "draft_model":
         assert s.acceptance_rate > 0.05  # and so are acceptances
-    exact = _exact_joint(target, t, k, p)
-    assert _pvalue(counts, exact) > 1e-4
+    exact = exact_joint(target, t, k, p)
+    assert chi2_pvalue(counts, exact) > 1e-4
     # power: these counts reject a distribution 2% TV away (mass moved between the two
     # likeliest sequences), so a verifier bug of that size would fail this test
-    assert _pvalue(counts, _shifted(exact, 0.02)) < 1e-4
+    assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
 
 
 @pytest.mark.parametrize("dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
@@ -195,12 +94,12 @@ def test_the_same_test_fails_for_a_broken_verifier(targets, drafter, dtype, monk
     """Recovered tokens drawn from p instead of the residual: a ~2-10% TV bias."""
     target = targets[dtype]
     monkeypatch.setattr(V, "residual_distribution", lambda p_, q_: p_)
-    make = _drafters(target)[drafter]
+    make = spec_drafters(target)[drafter]
     engine = Engine(target, EngineConfig(max_batch=512), drafter=make(), depth=FixedDepth(3))
-    counts = _sample_joint(engine, N, 1.0, 0, 1.0, mixed=False)
-    exact = _exact_joint(target, 1.0, 0, 1.0)
+    counts = sample_joint(engine, N, 1.0, 0, 1.0, mixed=False)
+    exact = exact_joint(target, 1.0, 0, 1.0)
     observed = counts.double() / counts.sum()
-    assert _pvalue(counts, exact) < 1e-6
+    assert chi2_pvalue(counts, exact) < 1e-6
     assert 0.5 * (observed - exact).abs().sum() > 0.02  # the bias is at least 2% TV
 
 
@@ -293,13 +192,15 @@ def test_acceptance_length_of_a_drafter_with_known_acceptance(target):
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model", "oracle", "eagle3", "mtp"])
 def test_greedy_is_token_identical_to_plain_decoding(drafter):
     """128 greedy tokens on several prompts, k = 1, 3, 5; log-probs equal the learner's."""
-    target = _model(0, std=0.15)  # realistic activation scale for the log-prob check
+    target = spec_model(0, std=0.15)  # realistic activation scale for the log-prob check
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 9, 14, 6)]
     params = SamplingParams(0.0, max_new_tokens=128, stop_token_ids=())
     plain = Engine(target).generate([Request(q, params) for q in prompts])
     for k in (1, 3, 5):
-        eng = Engine(target, EngineConfig(max_batch=3), _drafters(target)[drafter](), FixedDepth(k))
+        eng = Engine(
+            target, EngineConfig(max_batch=3), spec_drafters(target)[drafter](), FixedDepth(k)
+        )
         spec = eng.generate([Request(q, params) for q in prompts])
         assert eng.stats.draft_tokens > 0
         for q, a, b in zip(prompts, plain, spec, strict=True):
@@ -319,7 +220,9 @@ def test_seeded_determinism_and_batch_permutation_invariance(target):
     ]
 
     def run(rs, max_batch):
-        eng = Engine(target, EngineConfig(max_batch=max_batch), DraftModelDrafter(_related(target)))
+        eng = Engine(
+            target, EngineConfig(max_batch=max_batch), DraftModelDrafter(related_draft(target))
+        )
         return [r.token_ids for r in eng.generate(rs)]
 
     first = run(reqs, 12)
@@ -361,7 +264,7 @@ def test_context_limit_reached_mid_draft(target):
 
 
 def test_metrics_and_collapse_warning(target):
-    eng = Engine(target, drafter=DraftModelDrafter(_related(target)), depth=FixedDepth(3))
+    eng = Engine(target, drafter=DraftModelDrafter(related_draft(target)), depth=FixedDepth(3))
     res = eng.generate([Request(PROMPT, SamplingParams(1.0, max_new_tokens=30, seed=0))])
     s = eng.stats
     r = res[0].spec

@@ -7,8 +7,8 @@
   new weights generates — same seeds, same tokens, same acceptance counters — and the
   counters agree with vLLM's own `get_metrics()`.
 * Exactness: the joint distribution of three tokens sampled with speculation through vLLM
-  matches plain decoding's exact distribution (the χ² method and helpers of
-  tests/test_spec_engine.py); without the backend's patch of vLLM's CPU sampling-parameter
+  matches plain decoding's exact distribution (the χ² method of tests/test_spec_engine.py,
+  helpers in tests/conftest.py); without the backend's patch of vLLM's CPU sampling-parameter
   expansion the same test fails (the control), and the counts reject a 2% TV shift (power).
 
 vLLM's CPU attention takes head sizes 32, 64, ...: these models use head_dim 32. Skipped
@@ -22,6 +22,8 @@ import os
 import pytest
 import torch
 
+from tests.conftest import PROMPT, VOCAB, chi2_pvalue, exact_joint, learner, tv_shifted
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 pytest.importorskip("vllm")
 
@@ -34,8 +36,6 @@ from specroll.rl.algo.batch import Batch  # noqa: E402
 from specroll.rl.replica import ReplicaSpec, Weights  # noqa: E402
 from specroll.rl.rollout.vllm import VllmRollout  # noqa: E402
 from specroll.rl.rollout.vllm_patch import patch_expand  # noqa: E402
-from tests.test_learner import learner  # noqa: E402
-from tests.test_spec_engine import PROMPT, VOCAB, _exact_joint, _pvalue, _shifted  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -352,8 +352,8 @@ def test_joint_distribution_through_vllm_matches_plain_decoding(chi, method, t, 
         assert s.draft_tokens - s.accepted_tokens > N // 2
     else:
         assert s.acceptance_rate > 0.05
-    exact = _exact_joint(target, t, k, p)
-    pv, shifted = _pvalue(counts, exact), _pvalue(counts, _shifted(exact, 0.02))
+    exact = exact_joint(target, t, k, p)
+    pv, shifted = chi2_pvalue(counts, exact), chi2_pvalue(counts, tv_shifted(exact, 0.02))
     print(
         f"{method} T={t} top_k={k} top_p={p}: p={pv:.3g}, 2%-shifted p={shifted:.2g}, "
         f"acceptance {s.acceptance_rate:.4f}"
@@ -372,10 +372,10 @@ def test_the_same_test_fails_without_the_patch(chi, method):
         counts, _ = _joint_counts(roll, N // 3, 1.0, 0, 1.0)
     finally:
         patch_expand(True)
-    exact = _exact_joint(target, 1.0, 0, 1.0)
+    exact = exact_joint(target, 1.0, 0, 1.0)
     observed = counts.double() / counts.sum()
     tv = 0.5 * (observed - exact).abs().sum().item()
-    pv = _pvalue(counts, exact) if counts[exact == 0].sum() == 0 else 0.0
+    pv = chi2_pvalue(counts, exact) if counts[exact == 0].sum() == 0 else 0.0
     print(f"{method} unpatched: p={pv:.3g}, TV={tv:.3f}")
     assert pv < 1e-6 and tv > 0.02
 
