@@ -307,3 +307,13 @@ def tv_shifted(probs: torch.Tensor, tv: float) -> torch.Tensor:
     out[a] -= tv
     out[b] += tv
     return out
+
+
+def gof_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value of counts against probs (bins with mass only)."""
+    n = counts.sum().item()
+    support = probs > 0
+    assert counts[~support].sum() == 0, "sampled a token with zero probability"
+    exp = probs[support].double() * n
+    stat = ((counts[support].double() - exp) ** 2 / exp).sum().item()
+    return chi2_sf(stat, int(support.sum()) - 1)

@@ -29,10 +29,9 @@ from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.model.weights import for_inference
 from specroll.sim.costmodel import CostModel
+from tests.conftest import PROMPT, make_trainer, related_draft, spec_model
 from tests.test_learner import learner, tiny_batch, tiny_policy
 from tests.test_ray import TIMING
-from tests.test_rl import _trainer
-from tests.test_spec_engine import PROMPT, _model, _related
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -97,14 +96,14 @@ def _requests(n: int = 7) -> list[Request]:
 
 def _engine(kind: str, device: str, dtype: torch.dtype, adaptive: bool = False) -> Engine:
     """An engine on a tiny target placed on (device, dtype), built outside the harness."""
-    target = for_inference(_model(0), device, dtype)
+    target = for_inference(spec_model(0), device, dtype)
     net: torch.nn.Module | None = None
     if kind == "plain":
         return Engine(target, EngineConfig(max_batch=3))
     if kind == "ngram":
         drafter = NgramDrafter(n_max=2)
     elif kind == "draft_model":
-        net = for_inference(_related(_model(0)), device, dtype)
+        net = for_inference(related_draft(spec_model(0)), device, dtype)
         drafter = DraftModelDrafter(net)
     elif kind == "eagle3":
         head = Eagle3Head(Eagle3Config.for_target(target.cfg, 12)).init_weights(3, 0.3)
@@ -211,7 +210,9 @@ def test_a_training_step_makes_no_tensor_off_its_device(tiny_setup, tmp_path):
     runs = []
     for harness, out in ((True, tmp_path / "a"), (False, tmp_path / "b")):
         policy = load_model(resolve("tiny"))  # a fresh copy: training moves the weights
-        t = _trainer((policy, tiny_setup[1]), out, "data.val_size=0", "learner.check_every=2")
+        t = make_trainer(
+            (policy, tiny_setup[1]), out / "run", "data.val_size=0", "learner.check_every=2"
+        )
         with tensors_need_a_device() if harness else nullcontext():
             runs.append([t.run_step() for _ in range(2)])
     for a, b in zip(*runs, strict=True):

@@ -9,25 +9,7 @@ from hypothesis import strategies as st
 
 from specroll.spec import rng
 from specroll.spec.sampling import RowSampling, probs_from_logits, sample, sample_from_probs
-
-
-def _chi2_sf(x: float, dof: int) -> float:
-    """Survival function of chi-square: Q(dof/2, x/2), the regularised upper gamma."""
-    if dof == 0:
-        return 1.0
-    return torch.special.gammaincc(
-        torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(x / 2.0, dtype=torch.float64)
-    ).item()
-
-
-def _gof_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square p-value of counts against probs (bins with mass only)."""
-    n = counts.sum().item()
-    support = probs > 0
-    assert counts[~support].sum() == 0, "sampled a token with zero probability"
-    exp = probs[support].double() * n
-    stat = ((counts[support].double() - exp) ** 2 / exp).sum().item()
-    return _chi2_sf(stat, int(support.sum()) - 1)
+from tests.conftest import gof_pvalue
 
 
 def test_uniforms_are_uniform_and_independent_of_batch():
@@ -36,11 +18,11 @@ def test_uniforms_are_uniform_and_independent_of_batch():
     u = rng.uniforms(seeds, counters).flatten()  # [100000]
     assert u.dtype == torch.float64 and u.min() >= 0 and u.max() < 1
     counts = torch.histc(u.float(), bins=50, min=0, max=1)
-    assert _gof_pvalue(counts, torch.full((50,), 1 / 50)) > 1e-4
+    assert gof_pvalue(counts, torch.full((50,), 1 / 50)) > 1e-4
     # pairs (u_t, u_t+1) of one stream are independent: 2-D histogram
     pairs = (u.view(200, 500)[:, :-1] * 10).long() * 10 + (u.view(200, 500)[:, 1:] * 10).long()
     counts = torch.bincount(pairs.flatten(), minlength=100).float()
-    assert _gof_pvalue(counts, torch.full((100,), 0.01)) > 1e-4
+    assert gof_pvalue(counts, torch.full((100,), 0.01)) > 1e-4
     # a row's value depends only on its own (seed, counter), and streams differ
     one = rng.uniforms(seeds[7:8], counters[7:8, :5])
     assert torch.equal(one[0], rng.uniforms(seeds, counters)[7, :5])
@@ -57,13 +39,13 @@ def test_sampler_matches_processed_distribution():
         u = rng.uniforms(torch.tensor([int(t * 10 + k)]), torch.arange(n).unsqueeze(0))[0]
         ids = sample_from_probs(probs.expand(n, -1), u)
         counts = torch.bincount(ids, minlength=12).float()
-        assert _gof_pvalue(counts, probs[0]) > 1e-4
+        assert gof_pvalue(counts, probs[0]) > 1e-4
         # the test can fail: the same counts against a distribution 1% TV away do
         shifted = probs[0].clone()
         top = shifted.argmax()
         shifted[top] -= 0.01
         shifted[probs[0].argmin() if probs[0].min() > 0 else shifted.argsort()[-2]] += 0.01
-        assert _gof_pvalue(counts, shifted) < 1e-6
+        assert gof_pvalue(counts, shifted) < 1e-6
 
 
 def _full_cdf_inverse(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -132,7 +114,7 @@ def test_greedy_rows_take_argmax_and_report_untempered_logprob():
     torch.testing.assert_close(lp[0], logits[0].log_softmax(-1)[ids[0]])
 
 
-def _row_params(settings: list[tuple[float, int, float]]):
+def row_params(settings: list[tuple[float, int, float]]):
     t = torch.tensor([s[0] for s in settings])
     k = torch.tensor([s[1] for s in settings], dtype=torch.long)
     p = torch.tensor([s[2] for s in settings])
@@ -144,7 +126,7 @@ def test_top_p_one_is_off_beside_a_row_with_top_p_below_one():
     so `before < top_p` alone would drop it for the top_p = 1 row once any row needs top-p."""
     logits = torch.zeros(2, 12)
     logits[:, 0] = 20.0
-    t, k, p = _row_params([(1.0, 0, 1.0), (1.0, 0, 0.9)])
+    t, k, p = row_params([(1.0, 0, 1.0), (1.0, 0, 0.9)])
     alone = probs_from_logits(logits[:1], RowSampling(t, k, p)[:1])
     assert (alone[0, 1:] > 1e-9).all()
     batched = probs_from_logits(logits, RowSampling(t, k, p))
@@ -171,7 +153,7 @@ def test_a_rows_distribution_does_not_depend_on_its_batch_mates():
     V = 64
     logits = torch.randn(len(MIXED_ROWS), 3, V, generator=g) * 4
     logits[:, :, 0] += 18.0  # a dominant token: tail masses near fp32 resolution
-    t, k, p = _row_params(MIXED_ROWS)
+    t, k, p = row_params(MIXED_ROWS)
     batched = probs_from_logits(logits, RowSampling(t, k, p))  # [B, 3, V]
     for b in range(len(MIXED_ROWS)):
         sl = slice(b, b + 1)

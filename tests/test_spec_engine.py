@@ -51,9 +51,6 @@ SETTINGS = [  # temperature, top_k, top_p
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 N = JOINT_SAMPLES
 
-# tests/test_devices.py imports these from here (until it takes them from tests.conftest)
-_model, _related = spec_model, related_draft
-
 
 @pytest.fixture(scope="module")
 def target():

@@ -8,7 +8,7 @@ import torch
 import specroll.spec.verify as V
 from specroll.spec import rng
 from specroll.spec.sampling import RowSampling, probs_from_logits, sample_from_probs
-from tests.test_sampling import _gof_pvalue
+from tests.conftest import gof_pvalue
 
 SETTINGS = [  # (temperature, top_k, top_p)
     (0.7, 0, 1.0),
@@ -96,7 +96,7 @@ def _position_pvalues(out, p_pos):
         if reached.sum() < 1000:
             continue
         counts = torch.bincount(out.tokens[reached, i], minlength=p_pos.shape[1]).float()
-        pvals.append(_gof_pvalue(counts, p_pos[i]))
+        pvals.append(gof_pvalue(counts, p_pos[i]))
     return pvals
 
 
@@ -165,14 +165,14 @@ def test_a_rows_verification_does_not_depend_on_its_batch_mates():
     Row 0 drafts a far-tail token (p ~ 2e-9 at T = 1, top_p = 1) with a tiny acceptance
     uniform: it is accepted alone, and must still be beside rows that use top-k / top-p.
     """
-    from tests.test_sampling import MIXED_ROWS, _row_params
+    from tests.test_sampling import MIXED_ROWS, row_params
 
     B, K, Vv = len(MIXED_ROWS), 3, 12
     g = torch.Generator().manual_seed(9)
     logits = torch.randn(B, K + 1, Vv, generator=g) * 3
     logits[0] = 0.0
     logits[0, :, 0] = 20.0
-    t, k, p = _row_params(MIXED_ROWS)
+    t, k, p = row_params(MIXED_ROWS)
     rows = RowSampling(t, k, p)
     q = probs_from_logits(logits[:, :K] + torch.randn(B, K, Vv, generator=g), rows)
     seeds = torch.arange(B)
