@@ -200,7 +200,7 @@ def test_runs_faults_resumes_and_checkpoints_across_rank_counts(tiny_setup, tmp_
     resumed with 2 ranks (1 -> 2)."""
     import shutil
 
-    from specroll.rl.learner.host import LearnerRankError
+    from specroll.rl.errors import LearnerRankError
 
     single = _trainer(_fresh(tiny_setup), tmp_path / "single")
     full = single.run()
@@ -251,7 +251,7 @@ def test_ray_placed_ranks_give_the_local_ranks_metrics(tiny_setup, tmp_path):
     the single-process metrics, and a killed rank named."""
     import ray
 
-    from specroll.rl.learner.host import LearnerRankError
+    from specroll.rl.errors import LearnerRankError
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
@@ -282,7 +282,7 @@ def test_learner_strategy_and_ranks_are_validated_by_name():
 def test_the_cli_reports_a_dead_rank_as_an_error(monkeypatch, capsys):
     """`specroll train` ends with the rank's message and exit code 1, not a traceback."""
     import specroll.cli as cli
-    from specroll.rl.learner.host import LearnerRankError
+    from specroll.rl.errors import LearnerRankError
 
     def dies(args):
         raise LearnerRankError("learner rank 1 died (exit code -9) during 'train'")

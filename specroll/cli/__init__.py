@@ -9,10 +9,12 @@ timings, statistics, errors) to stderr, so `specroll generate > out.txt` capture
 from __future__ import annotations
 
 import argparse
+import signal
 
 from rich.text import Text
 
 from specroll.cli import bench, common, draft, generate, simulate, train
+from specroll.rl.errors import RunError, Stopped
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,23 +28,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stop_on_sigterm(signum, frame) -> None:
+    """SIGTERM (what schedulers and `timeout` send) ends a command as Ctrl-C does; a
+    training run's own handler saves a checkpoint first (`rl.run.rundir`)."""
+    raise Stopped(signum, "stopped by SIGTERM")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         args.func(args)
     except ValueError as e:
         # soft_wrap: a long path stays one piece; Text: brackets in it are not markup
         common.console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
         return 2
-    except KeyboardInterrupt:
-        common.console.print("[yellow]interrupted[/]")
-        return 130
-    except RuntimeError as e:
-        from specroll.rl.learner.host import LearnerRankError
-
-        if not isinstance(e, LearnerRankError):
-            raise
-        # a dead learner rank: the message names it and says how to continue
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        common.console.print(
+            Text.assemble(("interrupted", "yellow"), f" {e}".rstrip()), soft_wrap=True
+        )
+        return 128 + signum
+    except RunError as e:
+        # a dead learner rank, a non-finite update, a checkpoint that could not be
+        # written: the message says what happened and how to continue
         common.console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0

@@ -6,6 +6,7 @@ import argparse
 
 from rich.table import Table
 
+from specroll import outputs
 from specroll.cli import common
 
 
@@ -34,6 +35,7 @@ def _plan(cfg, args: argparse.Namespace):
     from specroll.rl.run import rundir
     from specroll.rl.run.task import task_items
 
+    outputs.check_dir(cfg.pipeline.out_dir, "--out")
     task_items(cfg)
     # (Ray workers and actors resolve theirs where they run)
     if cfg.rollout.backend == "local":
@@ -85,9 +87,6 @@ def _row(m: dict) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from specroll.rl.run.report import step_line
-    from specroll.rl.run.trainer import Trainer
-
     cfg = _config(args)
     plan = _plan(cfg, args)
     if plan.action == "finished":
@@ -97,6 +96,16 @@ def cmd_train(args: argparse.Namespace) -> None:
             highlight=False,
         )
         return
+    with outputs.DirLock(cfg.pipeline.out_dir):
+        plan = _plan(cfg, args)  # again, under the lock: another run may have begun there
+        _train(args, cfg, plan)
+
+
+def _train(args: argparse.Namespace, cfg, plan) -> None:
+    """Load the policy, build its draft and the trainer, and run the planned steps."""
+    from specroll.rl.run.report import step_line
+    from specroll.rl.run.trainer import Trainer
+
     path = common.resolve_model_dir(cfg.policy.model)
     policy, tok = common.load_dir(path)
     draft = _draft(cfg, policy, tok, path)

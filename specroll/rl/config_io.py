@@ -6,6 +6,7 @@ and list what is allowed."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -14,12 +15,39 @@ from typing import Any
 import yaml
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses a key given twice in one mapping (PyYAML keeps the last
+    one silently, so a section written twice would lose the first's settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"{key!r} is given twice (first at line {seen[key]})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """The mapping of sections in YAML file `path` (an empty file is an empty mapping)."""
+    """The mapping of sections in YAML file `path`: not empty, not binary, no key twice."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a text file ({e.reason} at byte {e.start})") from e
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror})") from e
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:  # yaml's message names no file: say which, and where
         raise ValueError(f"{path}: not valid YAML{_yaml_where(e)}") from e
+    if raw is None:
+        raise ValueError(f"{path} is empty: it should map sections to settings")
     if not isinstance(raw, dict):
         raise ValueError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
     for section, values in raw.items():
@@ -101,4 +129,6 @@ def _coerce(where: str, value: Any, typ: Any) -> Any:
             pass
     if typ in (int, float, str) and not (isinstance(value, typ) and not isinstance(value, bool)):
         raise ValueError(f"{where} must be {typ.__name__}, got {value!r}")
+    if typ is float and not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value!r}")
     return value

@@ -2,12 +2,13 @@
 
 Recomputed by the learner, or (`learner.recompute_logprobs: auto`, see `engine_usable`)
 the engine's own, which equal the learner's to float rounding in fp32: then the learner
-recomputes only on the first step a process runs and every `learner.check_every` steps,
-as a check. A check that passes still trains on the engine's log-probs, so a run does not
-depend on when it checked (a resumed run repeats the uninterrupted one); one that fails
-(mismatch above the stated bound, `mismatch`) switches the run to recomputation for good,
-with a warning, and that switch is part of the checkpoint. The mismatch statistics are
-those of every recomputation (on-policy tokens).
+recomputes every `learner.check_every` steps (from step 0), as a check, and also on the
+first step a process runs (a resumed run checks its new engine; that check is recorded
+only if it fails, so the metrics equal the uninterrupted run's). A check that passes
+still trains on the engine's log-probs, so a run does not depend on when it checked; one
+that fails (mismatch above the stated bound, `mismatch`) switches the run to
+recomputation for good, with a warning, and that switch is part of the checkpoint. The
+mismatch statistics are those of every recorded recomputation (on-policy tokens).
 """
 
 from __future__ import annotations
@@ -58,11 +59,15 @@ class OldLogprobs:
         marks the rows sampled by the current policy (on-policy: compared)."""
         cfg = self.cfg
         use_engine = engine_usable(cfg) and not self.fallback
-        check = not self._checked or step % cfg.learner.check_every == 0
+        scheduled = step % cfg.learner.check_every == 0
         engine = batch.behaviour_logp * batch.response_mask
-        if use_engine and not check:
-            none = mismatch_stats(engine, engine, torch.zeros_like(batch.response_mask))
-            return engine, None, {**none, "logprob_source": "engine", "logprob_check": None}
+        none = {
+            **mismatch_stats(engine, engine, torch.zeros_like(batch.response_mask)),
+            "logprob_source": "engine",
+            "logprob_check": None,
+        }
+        if use_engine and not scheduled and self._checked:
+            return engine, None, none
         old, ref = recompute(batch)
         self._checked = True
         stats = mismatch_stats(batch.behaviour_logp, old, batch.response_mask & fresh[:, None])
@@ -78,6 +83,8 @@ class OldLogprobs:
             )
         if not use_engine:
             return old, ref, {**stats, "logprob_source": "learner", "logprob_check": None}
+        if agree and not scheduled:  # this process's first step, checked off schedule:
+            return engine, None, none  # recorded as the uninterrupted run records it
         if agree:  # checked: train on the engine's, as on the steps between checks
             return engine, ref, {**stats, "logprob_source": "engine", "logprob_check": True}
         self.fallback = True

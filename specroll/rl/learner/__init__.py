@@ -7,9 +7,10 @@ from __future__ import annotations
 from specroll.drafters.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
+from specroll.rl.errors import LearnerRankError
 from specroll.rl.learner.fsdp.host import FSDPLearnerHost
 from specroll.rl.learner.fsdp.ray import RayFSDPLearnerHost
-from specroll.rl.learner.host import LearnerHost, LearnerRankError
+from specroll.rl.learner.host import LearnerHost
 from specroll.rl.learner.ray import RayLearnerHost
 from specroll.rl.learner.single import LocalLearnerHost
 

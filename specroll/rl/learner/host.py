@@ -23,10 +23,6 @@ from specroll.rl.algo.batch import Batch
 from specroll.rl.replica import Weights
 
 
-class LearnerRankError(RuntimeError):
-    """A learner rank died or failed: the step did not happen."""
-
-
 @runtime_checkable
 class LearnerHost(Protocol):
     """Where the learner runs; every method is a whole stage of the step."""

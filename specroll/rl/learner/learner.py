@@ -33,6 +33,7 @@ from specroll.rl.algo import loss
 from specroll.rl.algo.batch import Batch, MicroBatch, plan_micro_batches, predicting_positions
 from specroll.rl.algo.logprobs import head_logprobs
 from specroll.rl.config import DraftConfig, LossConfig, PolicyConfig, RolloutConfig
+from specroll.rl.errors import NonFiniteError
 from specroll.rl.learner.memory import keep_freed_memory
 
 
@@ -296,14 +297,22 @@ class Learner:
             self.dp.sum_(sums)
         # under FSDP the policy's clipping norm is a DTensor: its global value
         acc = {"grad_norm": _full(_clip_grad(self.policy.parameters(), self.pcfg.grad_clip))}
-        self.opt.step()
         if self.draft_opt is not None:
             params = list(self.draft.parameters())
             acc["draft_grad_norm"] = _full(_clip_grad(params, self.dcfg.grad_clip))
-            self.draft_opt.step()
         keys += list(acc)
         values = torch.cat([sums, torch.stack([v.double() for v in acc.values()])])
         out: dict = dict(zip(keys, values.tolist(), strict=True))  # the one host read
+        bad = [k for k in GUARDED if not math.isfinite(out.get(k, 0.0))]
+        if bad:  # every rank read the same global figures: all skip the step together
+            self.opt.zero_grad(set_to_none=True)
+            if self.draft_opt is not None:
+                self.draft_opt.zero_grad(set_to_none=True)
+            figures = ", ".join(f"{k} {out[k]}" for k in bad)
+            raise NonFiniteError(f"{figures}: the update was not applied")
+        self.opt.step()
+        if self.draft_opt is not None:
+            self.draft_opt.step()
         if self.draft_opt is not None:
             # mean over the micro-batches (of all ranks) that reached step j
             a = torch.tensor(draft_acc, dtype=torch.float64, device="cpu")  # [micro-batches, steps]
@@ -361,6 +370,9 @@ class Learner:
 
 
 _clip_grad = torch.nn.utils.clip_grad_norm_
+
+GUARDED = ("policy_loss", "kl", "grad_norm", "draft_loss", "draft_grad_norm")
+"""Figures of an update that must be finite for it to be applied (`NonFiniteError`)."""
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -1,15 +1,19 @@
-"""Checkpoints of a training run: everything needed to continue exactly.
+"""Checkpoints of a training run: everything needed to continue exactly, verified on load.
 
 A checkpoint holds the policy and draft weights, both optimizers, the RNG states, the
 step (which is also the data cursor: prompts and rollout seeds are functions of the
 step) and the config. Beside the state, `meta.json` holds the step, the id of the run
-that wrote it and its config, so a resume can be checked without loading any weights
-(see `rundir`). It is written to a temporary directory and renamed, so a crash
-mid-write never leaves a half checkpoint behind; only the newest `keep` are kept.
+that wrote it, its config, and the size and SHA-256 of every file, so a resume can be
+checked without loading any weights (see `rundir`) and a damaged checkpoint (truncated,
+emptied, overwritten) is recognised and skipped for the previous one. It is written to a
+temporary directory and renamed, so a crash mid-write never leaves a half checkpoint
+behind; a write that fails (a full disk) removes its temporary directory and keeps the
+previous checkpoints. Only the newest `keep` are kept.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -19,19 +23,38 @@ from typing import Any
 
 import torch
 
+from specroll.rl.errors import CheckpointError
+
 FORMAT = 2
 """The checkpoint layout written here (`meta.json`'s `format`); 1 = specroll before the
 rl/ split, whose checkpoints carry no format (they do not resume: start over)."""
 
 
 def _dirs(root: Path) -> list[Path]:
-    return sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "state.pt").is_file())
+    return sorted(p for p in root.glob("step-*") if p.is_dir())
 
 
 def latest(root: str | Path) -> Path | None:
-    """Newest complete checkpoint under `root`, or None."""
+    """Newest checkpoint directory under `root` (whether or not it is intact), or None."""
     found = _dirs(Path(root))
     return found[-1] if found else None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(directory: Path) -> dict[str, dict]:
+    """{relative path: {bytes, sha256}} of every file under `directory` but meta.json."""
+    return {
+        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != "meta.json"
+    }
 
 
 def save(
@@ -47,16 +70,31 @@ def save(
     write: also writes into the checkpoint's directory (a sharded learner's DCP state)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-step-*"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    torch.save({**state, "step": step, "rng": rng}, tmp / "state.pt")
-    if write is not None:
-        write(tmp)
-    meta = {"format": FORMAT, "step": step, "run_id": run_id, "config": state["config"]}
-    (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
+    try:
+        tmp.mkdir()
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        torch.save({**state, "step": step, "rng": rng}, tmp / "state.pt")
+        if write is not None:
+            write(tmp)
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "run_id": run_id,
+            "config": state["config"],
+            "files": _files(tmp),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = latest(root)
+        raise CheckpointError(
+            f"could not write checkpoint {final}: {getattr(e, 'strerror', None) or e}"
+            + (f"; the previous one ({kept.name}) is kept" if kept else "")
+        ) from e
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in _dirs(root)[:-keep]:
@@ -65,12 +103,51 @@ def save(
 
 
 def meta(path: str | Path) -> dict[str, Any]:
-    """The checkpoint's {format, step, run_id, config}, without loading its tensors."""
+    """The checkpoint's {format, step, run_id, config, files}, without its tensors."""
     f = Path(path) / "meta.json"
     try:
-        return json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{f}: unreadable ({e})") from e
+        out = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{f}: unreadable ({getattr(e, 'strerror', None) or e})") from e
+    if not isinstance(out, dict) or not {"step", "run_id", "config"} <= out.keys():
+        raise ValueError(f"{f}: not a checkpoint's meta.json (step, run_id, config missing)")
+    return out
+
+
+def damage(path: str | Path) -> str | None:
+    """Why checkpoint `path` cannot be loaded (meta.json unreadable, a file missing, of
+    the wrong size or content), or None when it is intact. Reads every file once."""
+    path = Path(path)
+    try:
+        m = meta(path)
+    except ValueError as e:
+        return str(e)
+    if m.get("format") != FORMAT:
+        return None  # another layout: `rundir.check` refuses it by name
+    for name, want in m.get("files", {}).items():
+        f = path / name
+        if not f.is_file():
+            return f"{f} is missing"
+        size = f.stat().st_size
+        if size != want["bytes"]:
+            return f"{f} is {size} bytes, meta.json says {want['bytes']}"
+        if _sha256(f) != want["sha256"]:
+            return f"{f} does not match its checksum in meta.json"
+    if "state.pt" not in m.get("files", {}):
+        return f"{path / 'meta.json'} lists no state.pt"
+    return None
+
+
+def newest_intact(root: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest intact checkpoint under `root` (or None), and a line for each newer one
+    skipped as damaged, saying why."""
+    skipped = []
+    for path in reversed(_dirs(Path(root))):
+        why = damage(path)
+        if why is None:
+            return path, skipped
+        skipped.append(f"skipped the damaged checkpoint {path.name}: {why}")
+    return None, skipped
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -83,6 +83,12 @@ def deepest(depth_hist: list[int] | None) -> int:
     return max((k for k, n in enumerate(depth_hist or []) if n), default=0)
 
 
+def speculated(depth_hist: list[int] | None) -> tuple[int, int]:
+    """(decode iterations that drafted, all decode iterations) from a depth histogram."""
+    hist = depth_hist or []
+    return sum(hist[1:]), sum(hist)
+
+
 def step_line(m: dict, steps: int) -> str:
     """One readable line per RL step for the console and logs (the full figures are in
     metrics.jsonl): 'step 3/10  reward 0.312  acc 0.281  val 0.300  len 54  AL 1.32
@@ -92,8 +98,9 @@ def step_line(m: dict, steps: int) -> str:
     if "val_accuracy" in m:
         parts.append(f"val {m['val_accuracy']:.3f}")
     parts.append(f"len {m['response_len_mean']:.0f}")
-    if m.get("acceptance_length"):
-        parts.append(f"AL {m['acceptance_length']:.2f}")
+    if m.get("acceptance_length"):  # with how much speculation earned it
+        drafted, iters = speculated(m.get("depth_hist"))
+        parts.append(f"AL {m['acceptance_length']:.2f} in {drafted}/{iters} iters")
     gen = f"gen {t['gen']:.1f}s"
     if "gen_speedup" in m:
         gen += f" (x{m['gen_speedup']:.2f} vs plain"
@@ -120,8 +127,17 @@ def summarise(rows: list[dict]) -> dict:
     out["step_mean_s"] = round(total, 3)
     out["gen_share"] = round(stage["gen"] / total, 4) if total else None
     out["deepest_draft"] = max((deepest(r.get("depth_hist")) for r in steps), default=0)
-    als = [r["acceptance_length"] for r in steps if r.get("acceptance_length")]
-    out["acceptance_length_mean"] = round(statistics.mean(als), 4) if als else None
+    # AL per drafting iteration: steps weighted by how many iterations drafted
+    weighted = [
+        (r["acceptance_length"], speculated(r.get("depth_hist"))[0])
+        for r in steps
+        if r.get("acceptance_length")
+    ]
+    n = sum(w for _, w in weighted)
+    out["acceptance_length_mean"] = round(sum(a * w for a, w in weighted) / n, 4) if n else None
+    counts = [speculated(r.get("depth_hist")) for r in steps]
+    drafted, iters = sum(d for d, _ in counts), sum(i for _, i in counts)
+    out["speculated_share"] = round(drafted / iters, 4) if iters else None
     out["reward_first"], out["reward_last"] = steps[0]["reward"], steps[-1]["reward"]
     busy = [r["gen_busy_s"] for r in steps if "gen_busy_s" in r]
     if busy:  # generation's own wall time vs what the learner waited for (async)
@@ -152,11 +168,18 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+def _share(r: dict) -> float | None:
+    drafted, iters = speculated(r.get("depth_hist"))
+    return drafted / iters if iters else None
+
+
 EXPLAIN = {
     "stage_mean_s": "`stage_mean_s`: mean seconds per step in each stage.",
     "gen_share": "`gen_share`: generation's share of the mean step.",
     "acceptance_length_mean": "`acceptance_length_mean`: tokens emitted per drafting row "
-    "and iteration (1 = speculation gained nothing; plain-decoding iterations excluded).",
+    "and iteration, over the iterations that drafted (1 = speculation gained nothing).",
+    "speculated_share": "`speculated_share`: the share of decode iterations that drafted at "
+    "all (the rest decoded plain); the acceptance length applies to these only.",
     "deepest_draft": "`deepest_draft`: the most draft tokens per row any iteration used "
     "(adaptive depth picks 0 where verification costs more than it saves).",
     "gen_busy_mean_s": "`gen_busy_mean_s`: generation's own wall time; "
@@ -212,6 +235,12 @@ def figures(rows: list[dict], summary: dict, cfg: TrainConfig) -> dict:
         ax.set_ylim(0.9, max(2.0, top * 1.1))  # from 1 up: how far above no-gain it is
         ax.set_ylabel("acceptance length (tokens per draft)")
         ax.legend(loc="upper left")
+        share = [(r["step"], _share(r)) for r in steps if _share(r) is not None]
+        if share:  # how much speculation earned that acceptance
+            ax2 = ax.twinx()
+            ax2.bar(*zip(*share, strict=True), alpha=0.2, color="grey", width=0.6)
+            ax2.set_ylim(0, 1)
+            ax2.set_ylabel("share of iterations that drafted (bars)")
         if cfg.rollout.depth == "adaptive":
             title = (
                 f"draft acceptance (adaptive depth, k <= {cfg.rollout.k}; "

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specroll import outputs
+from specroll.rl.errors import Stopped
 from specroll.rl.run import checkpoint
 
 RUN_FILE = "run.json"
@@ -45,9 +47,29 @@ OUTPUTS = (
     RUN_FILE,
 )
 """Everything a run writes into its directory (what --overwrite deletes)."""
+WRITTEN_IN = {
+    "checkpoints": ("step-*", ".tmp-step-*"),
+    "policy": (
+        "config.json",
+        "generation_config.json",
+        "*.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer*",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "merges.txt",
+        "chat_template.jinja",
+    ),
+    "draft": ("config.json", "*.safetensors"),
+    "tb": ("events.out.tfevents.*",),
+}
+"""What a run writes inside its output directories; anything else there is the user's,
+and --overwrite refuses to delete it."""
 
 FREE_TO_CHANGE = {
     ("pipeline", "steps"),
+    ("pipeline", "out_dir"),
     ("rollout", "backend"),
     ("log", "tensorboard"),
     ("rollout", "device"),
@@ -56,7 +78,8 @@ FREE_TO_CHANGE = {
     ("learner", "ranks"),
     ("learner", "placement"),
 }
-"""Settings a resumed run may change: they do not change what a step computes."""
+"""Settings a resumed run may change: they do not change what a step computes (the
+directory may be moved, or named by another path)."""
 FREE_SECTIONS = {"ray"}
 """Placement: a synchronous Ray run repeats the in-process one."""
 
@@ -66,14 +89,25 @@ class Plan:
     """What `check` decided for a run directory."""
 
     action: str
-    """'fresh' (start a new run), 'resume' (continue from `checkpoint`) or 'finished'."""
+    """'fresh' (start a new run), 'resume' (continue from `checkpoint`), 'finalize' (the
+    run's steps are done but its end was not written: export and report) or 'finished'."""
     checkpoint: Path | None = None
     """The checkpoint to resume from."""
     step: int = 0
     """Its step."""
+    planned: int = 0
+    """The steps the run that wrote the checkpoint was set to run."""
+    skipped: tuple[str, ...] = ()
+    """Damaged newer checkpoints passed over, each with the reason."""
 
     def finished_message(self, out: str | Path, steps: int) -> str:
-        """What to tell a user who resumes a run that has already finished."""
+        """What to tell a user who resumes a run that has nothing left to do."""
+        if self.planned > self.step:  # stopped early; asked for fewer steps than it has
+            return (
+                f"{out}: this run has done {self.step} of its {self.planned} steps, not fewer "
+                f"than --steps {steps}; nothing to do. Continue it with --steps "
+                f"{self.planned} (or more)."
+            )
         return (
             f"{out}: this run finished at step {self.step} (pipeline.steps={steps}); "
             "nothing to do. Raise --steps to continue it."
@@ -82,9 +116,12 @@ class Plan:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable ({e})") from e
+        out = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable ({getattr(e, 'strerror', None) or e})") from e
+    if not isinstance(out, dict):
+        raise ValueError(f"{path}: unreadable (not a JSON object)")
+    return out
 
 
 def holds_work(out: Path) -> bool:
@@ -92,6 +129,18 @@ def holds_work(out: Path) -> bool:
     metrics = out / "metrics.jsonl"
     has_metrics = metrics.is_file() and metrics.stat().st_size > 0
     return has_metrics or checkpoint.latest(out / "checkpoints") is not None
+
+
+def foreign_files(out: Path) -> list[Path]:
+    """Files inside `out`'s output directories that a run does not write (the user's)."""
+    found = []
+    for name, patterns in WRITTEN_IN.items():
+        d = out / name
+        if d.is_dir():
+            found += [p for p in sorted(d.iterdir()) if not any(p.match(x) for x in patterns)]
+        elif d.exists():
+            found.append(d)
+    return found
 
 
 def config_mismatch(mine: dict, theirs: dict) -> str | None:
@@ -119,16 +168,50 @@ def check(out: str | Path, config: dict, steps: int, resume: bool, overwrite: bo
     out = Path(out)
     if resume and overwrite:
         raise ValueError("--resume and --overwrite contradict each other: choose one")
-    if not resume:
-        if holds_work(out) and not overwrite:
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out={out} is a file; a run needs a directory")
+    return _check_resume(out, config, steps) if resume else _check_fresh(out, overwrite)
+
+
+def _check_fresh(out: Path, overwrite: bool) -> Plan:
+    present = [n for n in OUTPUTS if (out / n).exists()]
+    if not present:
+        return Plan("fresh")
+    if not overwrite:
+        if holds_work(out):
             raise ValueError(
                 f"{out} holds another run's metrics or checkpoints; continue it with "
                 "--resume, start over with --overwrite (deletes them), or choose another --out"
             )
-        return Plan("fresh")
-    ck = checkpoint.latest(out / "checkpoints")
-    if ck is None:
+        if (out / RUN_FILE).is_file() and set(present) <= {
+            RUN_FILE,
+            "config.json",
+            "metrics.jsonl",
+        }:
+            return Plan("fresh")  # a run that stopped before its first step: reclaimed
+        shown = ", ".join(n + "/" if (out / n).is_dir() else n for n in present)
+        raise ValueError(
+            f"{out} holds {shown}, which a run writes; choose another --out, or add "
+            "--overwrite to replace them"
+        )
+    foreign = foreign_files(out)
+    if foreign:
+        shown = ", ".join(str(p) for p in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+        raise ValueError(
+            f"--overwrite deletes only what a run writes, and {shown} is not: move it, or "
+            "choose another --out"
+        )
+    return Plan("fresh")
+
+
+def _check_resume(out: Path, config: dict, steps: int) -> Plan:
+    if checkpoint.latest(out / "checkpoints") is None:
         raise ValueError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    ck, skipped = checkpoint.newest_intact(out / "checkpoints")
+    if ck is None:
+        raise ValueError(
+            f"--resume: no intact checkpoint under {out / 'checkpoints'}: " + "; ".join(skipped)
+        )
     run_file = out / RUN_FILE
     if not run_file.is_file():
         raise ValueError(
@@ -144,23 +227,29 @@ def check(out: str | Path, config: dict, steps: int, resume: bool, overwrite: bo
             f"reads format {checkpoint.FORMAT} (README: Checkpoints); start over with "
             "--overwrite or choose another --out"
         )
-    if meta.get("run_id") != run_id:
+    if meta["run_id"] != run_id:
         raise ValueError(
-            f"--resume: {ck} belongs to run {meta.get('run_id')!r}, not to run {run_id!r} "
+            f"--resume: {ck} belongs to run {meta['run_id']!r}, not to run {run_id!r} "
             f"that owns {out}; refusing to load another run's weights"
         )
-    problem = config_mismatch(config, meta.get("config", {}))
+    problem = config_mismatch(config, meta["config"])
     if problem:
         raise ValueError(f"--resume: {problem} (from {ck})")
     step = int(meta["step"])
-    if step >= steps:
-        return Plan("finished", ck, step)
-    return Plan("resume", ck, step)
+    planned = int(meta["config"].get("pipeline", {}).get("steps", step))
+    if step < steps:
+        action = "resume"
+    elif step >= planned and not (out / "report.md").is_file():
+        action = "finalize"  # stopped between its last checkpoint and its report
+    else:
+        action = "finished"
+    return Plan(action, ck, step, planned, tuple(skipped))
 
 
 def start(out: str | Path, config: dict, plan: Plan) -> str:
-    """Claim `out` for a fresh run (deleting the old run's outputs) or reopen it for a
-    resumed one; returns the run id that checkpoints are stamped with."""
+    """Claim `out` for a fresh run (deleting the old run's outputs, which `check` showed to
+    hold nothing but what a run writes) or reopen it; returns the run id that checkpoints
+    are stamped with."""
     out = Path(out)
     if plan.action != "fresh":
         return _read_json(out / RUN_FILE)["run_id"]
@@ -172,8 +261,8 @@ def start(out: str | Path, config: dict, plan: Plan) -> str:
             p.unlink()
     out.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
-    (out / RUN_FILE).write_text(json.dumps({"run_id": run_id}) + "\n")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    outputs.write_text(out / RUN_FILE, json.dumps({"run_id": run_id}) + "\n")
+    outputs.write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
     return run_id
 
 
@@ -181,12 +270,18 @@ def _norm(v):
     return list(v) if isinstance(v, tuple) else v
 
 
-class RunDir:
-    """A run's directory while it trains: claimed (fresh) or reopened (resume) from a
-    checked `Plan`, its `metrics.jsonl`, and Ctrl-C: the first sets `stop_requested` (the
-    trainer stops at the next stage boundary and saves), a second exits at once.
+SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+"""The signals a run stops on cleanly: the first finishes the stage and saves."""
 
-    Use as a context manager: the Ctrl-C handler is installed inside the block only."""
+
+class RunDir:
+    """A run's directory while it trains: locked against other processes, claimed (fresh)
+    or reopened (resume, finalize) from a checked `Plan`, its `metrics.jsonl` (one whole
+    line per step), and the stop signals: the first Ctrl-C or SIGTERM sets
+    `stop_requested` (the trainer stops at the next stage boundary and saves), a second
+    exits at once, saying so.
+
+    Use as a context manager: the signal handlers are installed inside the block only."""
 
     def __init__(
         self, out: str | Path, config: dict, plan: Plan, log: Callable[[str], None] = print
@@ -196,42 +291,58 @@ class RunDir:
         self.run_id = ""
         """The id of the run that owns the directory (stamped on every checkpoint)."""
         self.stop_requested = False
-        self._previous = None
+        self.signum = signal.SIGINT
+        """The signal that asked to stop."""
+        self.lock = outputs.DirLock(self.out)
+        self._previous: dict = {}
 
     def open(self, resumed_step: int = 0) -> None:
-        """Claim the directory (fresh) or reopen it, keeping only the metrics of steps up
-        to `resumed_step` (resume: lines past the checkpoint are redone)."""
+        """Lock and claim the directory (fresh) or reopen it, keeping only the metrics of
+        steps up to `resumed_step` (resume: lines past the checkpoint are redone)."""
+        self.lock.acquire()
         self.run_id = start(self.out, self.config, self.plan)
-        if self.plan.action != "resume":
-            self.metrics.write_text("")
-            return
-        lines = self.metrics.read_text().splitlines() if self.metrics.exists() else []
-        kept = [x for x in lines if json.loads(x).get("step", 0) <= resumed_step]
-        self.metrics.write_text("".join(x + "\n" for x in kept))
+        if self.plan.action == "fresh":
+            outputs.write_text(self.metrics, "")
+        elif self.plan.action == "resume":
+            rows = [x for x in self._lines() if json.loads(x).get("step", 0) <= resumed_step]
+            outputs.write_text(self.metrics, "".join(x + "\n" for x in rows))
+
+    def close(self) -> None:
+        self.lock.release()
+
+    def _lines(self) -> list[str]:
+        return outputs.read_lines(self.metrics) if self.metrics.exists() else []
 
     def append(self, row: dict) -> None:
         """One line of metrics."""
-        with open(self.metrics, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        outputs.append_line(self.metrics, json.dumps(row))
 
     def rows(self) -> list[dict]:
         """Every metrics line of the run so far."""
-        return [json.loads(x) for x in self.metrics.read_text().splitlines()]
+        return [json.loads(x) for x in self._lines()]
 
-    def request_stop(self) -> None:
-        """Stop at the next stage boundary (what the first Ctrl-C does)."""
-        self.stop_requested = True
+    def request_stop(self, signum: int = signal.SIGINT) -> None:
+        """Stop at the next stage boundary (what the first Ctrl-C or SIGTERM does)."""
+        self.stop_requested, self.signum = True, signum
 
-    def _on_sigint(self, signum, frame) -> None:
+    def _on_signal(self, signum, frame) -> None:
+        name = SIGNALS[signum]
         if self.stop_requested:
-            raise KeyboardInterrupt
-        self.request_stop()
-        self.log("Ctrl-C: finishing the current stage, then saving a checkpoint")
+            newest = checkpoint.latest(self.out / "checkpoints")
+            raise Stopped(
+                signum,
+                f"second {name}: stopped at once, without a checkpoint"
+                + (f" (the newest is {newest.name})" if newest else ""),
+            )
+        self.request_stop(signum)
+        self.log(f"{name}: finishing the current stage, then saving a checkpoint")
 
     def __enter__(self) -> RunDir:
-        self._previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, self._on_sigint)
+        for sig in SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._on_signal)
         return self
 
     def __exit__(self, *exc) -> None:
-        signal.signal(signal.SIGINT, self._previous)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -30,6 +30,7 @@ from specroll.rl.algo import loss
 from specroll.rl.algo.batch import Batch
 from specroll.rl.algo.old_logprobs import OldLogprobs
 from specroll.rl.config import TrainConfig
+from specroll.rl.errors import NonFiniteError, Stopped
 from specroll.rl.learner import build_host
 from specroll.rl.rollout import build_rollout
 from specroll.rl.run import checkpoint, rundir, tensorboard
@@ -204,15 +205,18 @@ class Trainer:
         """Run to `pipeline.steps`; metrics go to out_dir/metrics.jsonl.
 
         plan: what `rundir.check` decided for out_dir (checked here when not given, from
-        `resume` / `overwrite`); a finished run is left as it is."""
+        `resume` / `overwrite`); a finished run is left as it is, one whose end (export,
+        report) was cut short gets it written."""
         cfg = self.cfg
         if plan is None:
             plan = rundir.check(self.out, cfg.to_dict(), cfg.pipeline.steps, resume, overwrite)
         if plan.action == "finished":
             self.log(plan.finished_message(self.out, cfg.pipeline.steps))
             return []
+        for line in plan.skipped:
+            self.log(f"warning: {line}")
         self.run_dir = run_dir = rundir.RunDir(self.out, cfg.to_dict(), plan, self.log)
-        if plan.action == "resume":
+        if plan.action in ("resume", "finalize"):
             self.restore(checkpoint.load(plan.checkpoint))
             self.log(f"resumed from {plan.checkpoint} (step {self.step})")
         run_dir.open(self.step)
@@ -220,19 +224,30 @@ class Trainer:
         writer = tensorboard.writer(self.out) if cfg.log.tensorboard else None
         try:
             with run_dir:
-                self._loop(run_dir, writer, history, on_step)
+                if plan.action != "finalize":
+                    self._loop(run_dir, writer, history, on_step)
+                    self.save_checkpoint()
+                self.host.export(self.out.resolve())
+                self.tok.hf.save_pretrained(str(self.out / "policy"))
+                write_report(self.out, run_dir.rows(), cfg)
         except Interrupted:
             path = self.save_checkpoint()
-            self.log(f"saved {path}; continue with --resume")
-            raise KeyboardInterrupt from None
+            raise Stopped(run_dir.signum, f"saved {path}; continue with --resume") from None
+        except NonFiniteError as e:
+            raise NonFiniteError(f"step {self.step + 1}: {e}; {self._kept()}") from None
         finally:
+            run_dir.close()
             if writer is not None:
                 writer.close()
-        self.save_checkpoint()
-        self.host.export(self.out.resolve())
-        self.tok.hf.save_pretrained(str(self.out / "policy"))
-        write_report(self.out, run_dir.rows(), cfg)
         return history
+
+    def _kept(self) -> str:
+        """Where the last good weights are after an update that was not applied."""
+        if self.cfg.loss.updates_per_step == 1:  # the weights are those of the last step
+            path = self.save_checkpoint()
+            return f"the weights of step {self.step} are saved in {path}"
+        newest = checkpoint.latest(self.out / "checkpoints")
+        return "the newest checkpoint holds good weights" + (f": {newest}" if newest else "")
 
     def _loop(self, run_dir: rundir.RunDir, writer, history: list, on_step) -> None:
         """Steps until `pipeline.steps`: validation, metrics, checkpoints."""

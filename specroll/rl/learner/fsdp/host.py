@@ -32,8 +32,8 @@ from specroll.drafters.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.rl.algo.batch import Batch
 from specroll.rl.config import TrainConfig
+from specroll.rl.errors import LearnerRankError, NonFiniteError
 from specroll.rl.learner.fsdp.rank import serve
-from specroll.rl.learner.host import LearnerRankError
 from specroll.rl.replica import ReplicaSpec, Weights, tensors_of
 
 POLL_S = 0.5
@@ -105,7 +105,7 @@ class FSDPLearnerHost(ShardedCheckpoints):
         return self._collect(name, stream)
 
     def _collect(self, name: str, stream: list | None = None):
-        pending, answer = set(range(self.world)), None
+        pending, answer, nonfinite = set(range(self.world)), None, None
         while pending:
             try:
                 kind, rank, value = self.results.get(timeout=POLL_S)
@@ -114,6 +114,9 @@ class FSDPLearnerHost(ShardedCheckpoints):
                 continue
             if kind == "item":
                 stream.append(value)
+            elif kind == "nonfinite":
+                pending.discard(rank)
+                nonfinite = nonfinite or value
             elif kind == "err":
                 # a peer's death shows on the survivors as a broken collective: name
                 # the dead rank rather than the symptom when there is one
@@ -126,6 +129,8 @@ class FSDPLearnerHost(ShardedCheckpoints):
                 pending.discard(rank)
                 if rank == 0:
                     answer = value
+        if nonfinite is not None:
+            raise NonFiniteError(nonfinite)
         return answer
 
     def _check_alive(self, name: str) -> None:

@@ -21,6 +21,7 @@ from specroll.model.transformer import Transformer
 from specroll.model.weights import save_model
 from specroll.rl.algo.batch import Batch
 from specroll.rl.config import TrainConfig
+from specroll.rl.errors import NonFiniteError
 from specroll.rl.learner.build import build_learner, learner_device
 from specroll.rl.learner.fsdp import dcp
 from specroll.rl.learner.fsdp.shard import DataParallel, full_tensors, shard_policy
@@ -156,6 +157,8 @@ def serve(rank, world, init, cfg, spec, policy_state, draft_state, cmds, results
         try:
             value = getattr(worker, name)(*args, emit=results.put)
             results.put(("ok", rank, value if rank == 0 else None))
+        except NonFiniteError as e:  # every rank skipped the same update: still in step
+            results.put(("nonfinite", rank, str(e)))
         except Exception:
             results.put(("err", rank, traceback.format_exc()))
             break

@@ -22,9 +22,9 @@ from specroll.model.transformer import Transformer
 from specroll.rl.algo.batch import Batch
 from specroll.rl.cluster import connect
 from specroll.rl.config import TrainConfig
+from specroll.rl.errors import LearnerRankError
 from specroll.rl.learner.fsdp.host import ShardedCheckpoints, streamed_weights
 from specroll.rl.learner.fsdp.rank import RankLearner
-from specroll.rl.learner.host import LearnerRankError
 from specroll.rl.replica import ReplicaSpec, Weights, tensors_of
 
 
