@@ -103,6 +103,18 @@ class RolloutConfig:
         _bound("rollout", self, "max_new_tokens", 1)
         _bound("rollout", self, "max_batch", 1)
         _bound("rollout", self, "k", 1)
+        # hard caps whatever the model (its context window bounds both further:
+        # rl.budget); each value sizes engine buffers before a token is generated
+        _check(
+            self.k <= 64,
+            f"rollout.k must be <= 64 (draft positions past a few dozen are almost never "
+            f"accepted, and each one costs memory and a verification column), got {self.k}",
+        )
+        _check(
+            self.max_new_tokens <= 1 << 20,
+            f"rollout.max_new_tokens must be <= {1 << 20} (longer than the context window "
+            f"of any supported model), got {self.max_new_tokens}",
+        )
         _bound("rollout", self, "spec_max_batch", 0)
         _one_of("rollout", self, "depth", DEPTHS)
         _one_of("rollout", self, "backend", ROLLOUT_BACKENDS)
@@ -148,6 +160,11 @@ class LearnerConfig:
         _check(
             isinstance(self.ranks, int) and self.ranks >= 1,
             f"learner.ranks must be an integer >= 1, got {self.ranks!r}",
+        )
+        _check(
+            self.ranks <= 1024,
+            f"learner.ranks must be <= 1024 (each rank is a process with its own "
+            f"activations), got {self.ranks}",
         )
         _check(
             self.ranks == 1 or self.strategy == "fsdp",
