@@ -92,6 +92,12 @@ class Engine:
         self.depth = depth if depth is not None else FixedDepth(k=3 if drafter else 0)
         if self.depth.k_max > 0 and drafter is None:
             raise ValueError(f"depth k={self.depth.k_max} needs a drafter")
+        ctx = model.cfg.max_position_embeddings
+        if self.depth.k_max >= ctx:  # every slot buffer has k_max columns of slack
+            raise ValueError(
+                f"depth k={self.depth.k_max} cannot fit the context window of {ctx} "
+                f"positions (a row's k + 1 candidates need k + 1 of them); at most {ctx - 1}"
+            )
         self.stats = SpecStats()
         self._collapse = CollapseDetector()
         self.policy_version = 0
@@ -155,6 +161,8 @@ class Engine:
         need_len = min(ctx, need_len + self.depth.k_max)
         n_slots = min(self.config.max_batch, len(requests))
         self._ensure_cache(n_slots, need_len)
+        # no row generates past its cache row: a larger budget sizes nothing (`Slots`)
+        max_gen = min(max_gen, self.cache.max_len)
         stops = [r.params.stops(self.eos) for r in requests]
         st = Slots(
             n_slots,

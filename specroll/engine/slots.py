@@ -28,6 +28,11 @@ class Slots:
         k_max: int,
         device: torch.device | str,
     ) -> None:
+        if max_gen > max_len or k_max >= max_len:  # the buffers would be sized by nothing real
+            raise ValueError(
+                f"slots of {max_len} cache positions cannot hold max_gen={max_gen} generated "
+                f"tokens or k_max={k_max} draft tokens (at most {max_len} and {max_len - 1})"
+            )
         self.k_max = k_max
         self.device = torch.device(device)
         long = dict(dtype=torch.long, device=device)
