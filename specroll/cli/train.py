@@ -30,18 +30,21 @@ def _config(args: argparse.Namespace):
 def _plan(cfg, args: argparse.Namespace):
     """What the run may do in its directory, decided before any model is loaded or any
     file is written: a bad dataset, a device this machine lacks, a foreign or mismatched
-    checkpoint, or an occupied output directory fail here."""
+    checkpoint, or an occupied output directory fail here; so does a setting that cannot
+    fit the policy's context window or this machine's memory (`rl.budget`)."""
     from specroll.device import resolve_device
+    from specroll.rl.budget import check_run
     from specroll.rl.run import rundir
     from specroll.rl.run.task import task_items
 
     outputs.check_dir(cfg.pipeline.out_dir, "--out")
-    task_items(cfg)
+    items = task_items(cfg)
     # (Ray workers and actors resolve theirs where they run)
     if cfg.rollout.backend == "local":
         resolve_device(cfg.rollout.device, "rollout.device")
     if cfg.learner_placement() == "local":
         resolve_device(cfg.learner.device, "learner.device")
+    check_run(cfg, items)
     return rundir.check(
         cfg.pipeline.out_dir, cfg.to_dict(), cfg.pipeline.steps, args.resume, args.overwrite
     )
