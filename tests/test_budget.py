@@ -81,11 +81,24 @@ def test_context_window_refusal_names_the_limit(capsys, tmp_path, home, monkeypa
 def test_memory_refusal_in_the_cli(capsys, tmp_path, home, monkeypatch):
     """The machine's memory, as the run reads it, is what the estimate must fit."""
     _no_model(monkeypatch)
-    monkeypatch.setattr(budget, "available_memory", lambda device: 64 << 20)
+    monkeypatch.setattr(budget, "available_memory", lambda device, installed=False: 64 << 20)
     assert main(["train", "--preset", "tiny", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: this run needs an estimated") and "0.1 GiB available" in err
+    assert err.startswith("error: this run needs an estimated") and "0.1 GiB this machine" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_memory_taken_by_other_processes_is_a_warning(capsys, tmp_path, home, monkeypatch):
+    """What is free now changes as other processes come and go: a run that fits the
+    machine but not its free memory is told so, not refused."""
+    monkeypatch.setattr(
+        budget, "available_memory", lambda device, installed=False: (64 << 20) << 10 * installed
+    )
+    cfg = build_config("tiny", [f"pipeline.out_dir={tmp_path}"])
+    warning = budget.check_run(cfg)
+    assert (
+        warning.startswith("this run needs an estimated") and "free now: it may not fit" in warning
+    )
 
 
 # ---------------------------------------------------------------------- the pure checks

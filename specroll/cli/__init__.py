@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         common.console.print(
-            Text.assemble(("interrupted", "yellow"), f" {e}".rstrip()), soft_wrap=True
+            Text.assemble(("interrupted", "yellow"), f": {e}" if str(e) else ""), soft_wrap=True
         )
         return 128 + signum
     except RunError as e:

@@ -27,7 +27,7 @@ def _config(args: argparse.Namespace):
     return build_config(args.preset, overrides)
 
 
-def _plan(cfg, args: argparse.Namespace):
+def _plan(cfg, args: argparse.Namespace, budget: bool = True):
     """What the run may do in its directory, decided before any model is loaded or any
     file is written: a bad dataset, a device this machine lacks, a foreign or mismatched
     checkpoint, or an occupied output directory fail here; so does a setting that cannot
@@ -44,7 +44,10 @@ def _plan(cfg, args: argparse.Namespace):
         resolve_device(cfg.rollout.device, "rollout.device")
     if cfg.learner_placement() == "local":
         resolve_device(cfg.learner.device, "learner.device")
-    check_run(cfg, items)
+    if budget:
+        warning = check_run(cfg, items)
+        if warning:
+            common.console.print(f"warning: {warning}", markup=False, highlight=False)
     return rundir.check(
         cfg.pipeline.out_dir, cfg.to_dict(), cfg.pipeline.steps, args.resume, args.overwrite
     )
@@ -100,7 +103,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         )
         return
     with outputs.DirLock(cfg.pipeline.out_dir):
-        plan = _plan(cfg, args)  # again, under the lock: another run may have begun there
+        plan = _plan(cfg, args, budget=False)  # again, under the lock: another run may have begun
         _train(args, cfg, plan)
 
 

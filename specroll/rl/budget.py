@@ -271,9 +271,20 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def check_memory(parts: list[Part], available: int | dict[str, int]) -> None:
-    """ValueError when the estimate exceeds the memory available: one number for all of
-    it, or bytes per device name ({'cpu': .., 'cuda:0': ..})."""
+def check_memory(
+    parts: list[Part], available: int | dict[str, int], what: str = "available"
+) -> None:
+    """ValueError when the estimate exceeds the memory given: one number for all of it,
+    or bytes per device name ({'cpu': .., 'cuda:0': ..}); `what` names that memory."""
+    problem = memory_shortfall(parts, available, what)
+    if problem:
+        raise ValueError(f"{problem}; lower the settings named")
+
+
+def memory_shortfall(
+    parts: list[Part], available: int | dict[str, int], what: str = "available"
+) -> str | None:
+    """The first pool the estimate does not fit, as a message naming its biggest parts."""
     pools = {"all": available} if isinstance(available, int) else available
     for pool, free in pools.items():
         mine = [p for p in parts if pool in ("all", p.device)]
@@ -283,10 +294,11 @@ def check_memory(parts: list[Part], available: int | dict[str, int]) -> None:
         big = sorted(mine, key=lambda p: -p.bytes)[:3]
         terms = "; ".join(f"{p.name} {_gib(p.bytes)}: {p.settings}" for p in big)
         where = "" if pool == "all" else f" on {pool}"
-        raise ValueError(
+        return (
             f"this run needs an estimated {_gib(total)}{where} ({terms}), more than the "
-            f"{_gib(free)} available; lower the settings named"
+            f"{_gib(free)} {what}"
         )
+    return None
 
 
 def check_budget(
@@ -301,31 +313,36 @@ def check_budget(
 # ---------------------------------------------------------------------- this machine
 
 
-def available_memory(device) -> int:
-    """Bytes free for a new run on `device` (a torch.device): the GPU's free memory, or
-    the host's MemAvailable (/proc/meminfo; else psutil, else free pages)."""
+def available_memory(device, installed: bool = False) -> int:
+    """Bytes free for a new run on `device` (a torch.device), or all it has (`installed`):
+    the GPU's, or the host's MemAvailable / MemTotal (/proc/meminfo; else psutil, else
+    the page counts)."""
     if device.type == "cuda":
         import torch
 
-        return int(torch.cuda.mem_get_info(device)[0])
+        free, total = torch.cuda.mem_get_info(device)
+        return int(total if installed else free)
+    key = "MemTotal:" if installed else "MemAvailable:"
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     try:
         import psutil
 
-        return int(psutil.virtual_memory().available)
+        vm = psutil.virtual_memory()
+        return int(vm.total if installed else vm.available)
     except ImportError:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        pages = "SC_PHYS_PAGES" if installed else "SC_AVPHYS_PAGES"
+        return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _available(cfg: TrainConfig) -> tuple[tuple[str, str], dict[str, int]]:
-    """The devices of the local sides (rollout, learner; a side that runs elsewhere
-    counts as the CPU) and the free memory of each device."""
+def _devices(cfg: TrainConfig) -> tuple[str, str]:
+    """The devices of the local sides (rollout, learner; a side that runs elsewhere counts
+    as the CPU)."""
     import torch
 
     from specroll.device import resolve_device
@@ -335,19 +352,29 @@ def _available(cfg: TrainConfig) -> tuple[tuple[str, str], dict[str, int]]:
     rollout = resolve_device(cfg.rollout.device, "rollout.device") if local else cpu
     local = cfg.learner_placement() == "local"
     learner = resolve_device(cfg.learner.device, "learner.device") if local else cpu
-    return (str(rollout), str(learner)), {
-        str(d): available_memory(d) for d in {cpu, rollout, learner}
-    }
+    return str(rollout), str(learner)
 
 
-def check_run(cfg: TrainConfig, items: list | None = None) -> None:
-    """`check_budget` for this machine: the policy's config read from disk (no weights),
-    the free memory of the devices the run will use. items: a file task's problems."""
+def _memory(devices: tuple[str, str], installed: bool) -> dict[str, int]:
+    import torch
+
+    return {d: available_memory(torch.device(d), installed) for d in {"cpu", *devices}}
+
+
+def check_run(cfg: TrainConfig, items: list | None = None) -> str | None:
+    """`check_bounds` and the memory estimate for this machine: the policy's config read
+    from disk (no weights), the memory of the devices the run will use. A run that
+    cannot fit in what the devices have is refused; one that exceeds what is free now
+    (other processes may end, the estimate is generous) gets the returned warning.
+    items: a file task's problems."""
     model = read_model_config(cfg.policy.model)
     prompt = prompt_tokens(cfg, items)
     check_bounds(cfg, model, prompt)
-    devices, available = _available(cfg)
-    check_memory(estimate(cfg, model, prompt, devices), available)
+    devices = _devices(cfg)
+    parts = estimate(cfg, model, prompt, devices)
+    check_memory(parts, _memory(devices, installed=True), "this machine has")
+    short = memory_shortfall(parts, _memory(devices, installed=False), "free now")
+    return f"{short}: it may not fit" if short else None
 
 
 def peak_estimate(cfg: TrainConfig, model: ModelConfig, prompt: int) -> int:

@@ -5,6 +5,7 @@ and list what is allowed."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import types
@@ -121,12 +122,10 @@ def _coerce(where: str, value: Any, typ: Any) -> Any:
             raise ValueError(f"{where} must be true or false, got {value!r}")
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
     if typ is float and isinstance(value, str):  # PyYAML reads "3e-3" as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
+        with contextlib.suppress(ValueError):
+            value = float(value)
     if typ in (int, float, str) and not (isinstance(value, typ) and not isinstance(value, bool)):
         raise ValueError(f"{where} must be {typ.__name__}, got {value!r}")
     if typ is float and not math.isfinite(value):

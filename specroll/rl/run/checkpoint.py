@@ -151,8 +151,10 @@ def newest_intact(root: str | Path) -> tuple[Path | None, list[str]]:
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint and restore the global RNG states it saved."""
-    state = torch.load(Path(path) / "state.pt", weights_only=False)
+    """Read a checkpoint and restore the global RNG states it saved. Tensors, numbers,
+    strings and containers only (`weights_only`): a checkpoint from elsewhere cannot run
+    code when it is loaded."""
+    state = torch.load(Path(path) / "state.pt", weights_only=True)
     state["path"] = str(path)  # where a sharded learner state lies (`learner/`)
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])

@@ -88,7 +88,7 @@ class RankLearner:
         """From checkpoint directory `ckpt`: its `learner/` (DCP), or (`full`) the
         single-process state in its `state.pt` (every rank reads it, memory-mapped)."""
         if full:
-            state = torch.load(Path(ckpt) / "state.pt", weights_only=False, mmap=True)
+            state = torch.load(Path(ckpt) / "state.pt", weights_only=True, mmap=True)
             dcp.load_full(self.learner, self.draft, state)
         else:
             dcp.load(self.learner, self.draft, Path(ckpt) / "learner")
