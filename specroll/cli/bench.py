@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.table import Table
 
 from specroll.cli import common
+from specroll.outputs import check_file
 from specroll.progress import status
 
 
@@ -35,9 +35,19 @@ def load_placed_policy(args: argparse.Namespace):
     return for_inference(model, device, dtype), tok
 
 
+def check_counts(args: argparse.Namespace) -> None:
+    """--repeats and --new-tokens of a benchmark are at least 1 (a median of no runs has
+    no value), checked before the model loads."""
+    for flag in ("repeats", "new_tokens"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+
+
 def cmd_bench_engine(args: argparse.Namespace) -> None:
     from specroll.engine.bench import bench_engine
 
+    check_counts(args)
     model, tok = load_placed_policy(args)
     batches = [int(b) for b in args.batches.split(",")]
     report = bench_engine(
@@ -80,6 +90,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
 def cmd_bench_spec(args: argparse.Namespace) -> None:
     from specroll.engine.bench import bench_spec
 
+    check_counts(args)
     model, tok = load_placed_policy(args)
     report = bench_spec(
         model,
@@ -104,6 +115,8 @@ def cmd_bench_profile(args: argparse.Namespace) -> None:
     from specroll.engine.profile import PROFILE_PROMPTS_SEED, profile
     from specroll.tasks.sets import encode, prompt_set
 
+    check_counts(args)
+    out = check_file(args.out, "--out")  # now, not after the profiling
     model, tok = common.load_policy(args.model)
     drafter = build_drafter(args.drafter, model) if args.drafter else None
     prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=PROFILE_PROMPTS_SEED)]
@@ -120,7 +133,6 @@ def cmd_bench_profile(args: argparse.Namespace) -> None:
             log=common.log,
         )
     cm.meta.update(model=args.model, drafter_spec=args.drafter)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     cm.save(out)
     err = cm.meta["fit_error"]

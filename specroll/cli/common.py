@@ -66,8 +66,30 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
     prompts = list(args.prompt or [])
     if args.prompts:
+        check_prompt_file(args.prompts, "--prompts")
         prompts += [p.prompt for p in load_file(args.prompts)]
     return prompts or list(BUILTIN_PROMPTS)
+
+
+def check_prompt_file(path: str, flag: str) -> None:
+    """A ValueError naming `flag` and `path` unless it is a UTF-8 text file: the readers
+    would say a directory "does not exist" and a binary file fails in the codec with
+    neither named."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag}={path} is a directory; a prompt file (.jsonl, .txt) is needed")
+    if not p.is_file() or p.suffix == ".parquet":
+        return  # the reader names a missing file; Parquet is binary by design
+    try:
+        data = p.read_bytes()
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{flag}={path} is not a UTF-8 text file (byte {e.start}); "
+            "one prompt per line, or JSONL with 'prompt'"
+        ) from None
+    if b"\0" in data:
+        raise ValueError(f"{flag}={path} is a binary file (NUL bytes); a text file is needed")
 
 
 def spec_table(report: dict, title: str) -> None:

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from specroll.cli import common
 from specroll.cli.bench import add_placement_args, load_placed_policy
+from specroll.outputs import check_file, write_text
 
 if TYPE_CHECKING:
     from specroll.spec.metrics import SpecStats
@@ -28,6 +29,7 @@ def cmd_model_fetch(args: argparse.Namespace) -> None:
 def cmd_generate(args: argparse.Namespace) -> None:
     from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 
+    check_generate_args(args)
     params = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -60,25 +62,15 @@ def cmd_generate(args: argparse.Namespace) -> None:
         results = engine.generate(requests, on_progress=lambda n, d: bar.advance(task, d))
         wall = time.perf_counter() - t0
     n_tok = sum(len(r.token_ids) for r in results)
-    out = open(args.out, "w") if args.out else None  # noqa: SIM115
-    for text, r in zip(texts, results, strict=True):
-        record = {
-            "prompt": text,
-            "completion": tok.decode(r.token_ids),
-            "token_ids": r.token_ids,
-            "logprobs": r.logprobs,
-            "finish_reason": r.finish_reason,
-            "seed": r.seed,
-        }
-        if out:
-            out.write(json.dumps(record) + "\n")
-        else:
-            common.stdout.rule(Text(text, style="bold"))
-            # soft_wrap: the text as generated, not re-wrapped at the terminal's width
-            common.stdout.print(record["completion"], markup=False, highlight=False, soft_wrap=True)
-    if out:
-        out.close()
+    records = [_record(text, r, tok) for text, r in zip(texts, results, strict=True)]
+    if args.out:
+        write_text(args.out, "".join(json.dumps(rec) + "\n" for rec in records))
         common.console.print(f"wrote {len(results)} samples to {args.out}", soft_wrap=True)
+    else:
+        for rec in records:
+            common.stdout.rule(Text(rec["prompt"], style="bold"))
+            # soft_wrap: the text as generated, not re-wrapped at the terminal's width
+            common.stdout.print(rec["completion"], markup=False, highlight=False, soft_wrap=True)
     common.console.print(
         f"[bold]{n_tok}[/] tokens (budget {budget}) in {wall:.1f}s: "
         f"[bold green]{n_tok / wall:.1f} tok/s[/] at batch {min(args.batch, len(requests))}"
@@ -87,13 +79,48 @@ def cmd_generate(args: argparse.Namespace) -> None:
         s = results.stats
         common.console.print(
             f"drafter {drafter.name}: acceptance length {s.acceptance_length:.2f}, "
-            f"per position {[round(x, 2) for x in s.per_position]}, "
+            f"per position {[round(x, 2) for x in s.per_position[: _reached(s)]]}, "
             f"{s.tokens_per_forward:.2f} tokens per target forward",
             soft_wrap=True,
         )
         notice = speculation_notice(s, args, n_rows=min(args.batch, len(requests)))
         if notice:
             common.console.print(Text.assemble(("notice: ", "yellow"), notice), soft_wrap=True)
+
+
+def check_generate_args(args: argparse.Namespace) -> None:
+    """Refuse what would do no work or lose it, before the model loads: --samples and
+    --max-new-tokens below 1, --k below 0, and an --out that cannot be written (checked
+    now, not after every sample was generated)."""
+    for flag, value, low in (
+        ("--samples", args.samples, 1),
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--batch", args.batch, 1),
+        ("--k", args.k, 0),
+        ("--spec-max-batch", args.spec_max_batch, 0),
+    ):
+        if value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if args.out:
+        check_file(args.out, "--out")
+
+
+def _record(text: str, r, tok) -> dict:
+    """One JSONL record of `generate --out` (and what is printed without it)."""
+    return {
+        "prompt": text,
+        "completion": tok.decode(r.token_ids),
+        "token_ids": r.token_ids,
+        "logprobs": r.logprobs,
+        "finish_reason": r.finish_reason,
+        "seed": r.seed,
+    }
+
+
+def _reached(stats: SpecStats) -> int:
+    """Draft positions that were ever verified (a deep --k whose tail no request could
+    emit adds nothing to the per-position list)."""
+    return sum(1 for d in stats.drafted_per_pos if d > 0)
 
 
 def speculation_notice(stats: SpecStats, args: argparse.Namespace, n_rows: int) -> str | None:

@@ -173,8 +173,14 @@ def gguf_to_hf(
     with gguf_path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"{str(gguf_path)!r} is not a GGUF file (bad magic)")
-    reader = GGUFReader(gguf_path)
-    meta = _metadata(reader)
+    try:  # a truncated or forged file fails anywhere in gguf's parser (IndexError, ...)
+        reader = GGUFReader(gguf_path)
+        meta = _metadata(reader)
+    except Exception as e:
+        raise ValueError(
+            f"{str(gguf_path)!r} is not a readable GGUF file (truncated or corrupt: "
+            f"{type(e).__name__}: {e})"
+        ) from e
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specroll.outputs import write_text
+
 
 @dataclass
 class CostModel:
@@ -76,7 +78,7 @@ class CostModel:
 
     def save(self, path: str | Path) -> None:
         meta = {k: v for k, v in self.meta.items() if k != "cache_path"}
-        Path(path).write_text(json.dumps(asdict(self) | {"meta": meta}, indent=2) + "\n")
+        write_text(path, json.dumps(asdict(self) | {"meta": meta}, indent=2) + "\n")  # atomic
 
     def mark_stale(self, reason: str) -> bool:
         """Record in the cached file this profile came from (meta["cache_path"], set by
