@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from specroll.cli import common
+from specroll.outputs import LOCK_FILE, DirLock, check_dir
 
 
 def cmd_draft_data(args: argparse.Namespace) -> None:
@@ -20,6 +21,9 @@ def cmd_draft_data(args: argparse.Namespace) -> None:
         seed=args.seed,
         shard_size=args.shard_size,
     )
+    check_dir(args.out, "--out")  # before the model loads, not after the sampling
+    if args.prompts not in ("math", "chat") and Path(args.prompts).is_dir():
+        common.check_prompt_file(args.prompts, "--prompts")
     model, tok = common.load_policy(args.policy)
     ids = prompt_ids(tok, cfg)
     with common.progress_bar() as bar:
@@ -42,7 +46,7 @@ def cmd_draft_data(args: argparse.Namespace) -> None:
 
 def cmd_draft_train(args: argparse.Namespace) -> None:
     from specroll.drafting.data import DraftData
-    from specroll.drafting.train import DraftTrainConfig, train_draft
+    from specroll.drafting.train import DraftTrainConfig
 
     cfg = DraftTrainConfig(
         kind=args.kind,
@@ -55,10 +59,39 @@ def cmd_draft_train(args: argparse.Namespace) -> None:
         init=args.init or "",
     )
     data = DraftData(args.data)
+    out_dir = check_draft_out(args)
     model, _ = common.load_policy(args.policy or data.meta["policy"])
     data.check_policy(model)
-    log_path = Path(args.out) / "train_log.jsonl"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with DirLock(out_dir, "--out"):
+        out = _train(args, model, data, cfg, out_dir)
+    summary = json.loads((out / "train_summary.json").read_text())
+    common.console.print(f"[green]draft[/]: {out}  held-out {summary.get('held_out')}")
+
+
+def check_draft_out(args: argparse.Namespace) -> Path:
+    """`draft train --out`, checked before the model loads: a writable directory, not in
+    use, that holds no model or draft unless --overwrite (or --resume, which continues the
+    draft this command wrote there) says to replace it."""
+    out = check_dir(args.out, "--out")
+    if out.is_dir() and (out / LOCK_FILE).exists():
+        DirLock(out, "--out").acquire().release()  # in use: fails now, naming the holder
+    held = sorted(p.name for p in (out.glob("*.safetensors") if out.is_dir() else ()))
+    held += ["config.json"] if (out / "config.json").is_file() else []
+    resuming = args.resume and (out / "trainer.pt").is_file()
+    if held and not (args.overwrite or resuming):
+        raise ValueError(
+            f"--out={out} already holds a model or draft ({', '.join(held)}); "
+            "pass --overwrite to replace it, --resume to continue its training, "
+            "or choose another --out"
+        )
+    return out
+
+
+def _train(args: argparse.Namespace, model, data, cfg, out_dir: Path) -> Path:
+    """train_draft with a progress bar and the log appended to out_dir/train_log.jsonl."""
+    from specroll.drafting.train import train_draft
+
+    log_path = out_dir / "train_log.jsonl"
     with common.progress_bar() as bar, open(log_path, "a") as log_file:
         task = bar.add_task("training draft", total=None)
 
@@ -72,9 +105,7 @@ def cmd_draft_train(args: argparse.Namespace) -> None:
                 description=f"training draft  loss {rec['loss']:.3f}  accept/step {acc}",
             )
 
-        out = train_draft(model, data, cfg, args.out, resume=args.resume, log=log)
-    summary = json.loads((out / "train_summary.json").read_text())
-    common.console.print(f"[green]draft[/]: {out}  held-out {summary.get('held_out')}")
+        return train_draft(model, data, cfg, out_dir, resume=args.resume, log=log)
 
 
 def _drafter_spec(spec: str) -> str:
@@ -134,6 +165,11 @@ def add_parser(sub) -> None:
     dt.add_argument("--seed", type=int, default=0)
     dt.add_argument("--init", help="fine-tune this draft (EAGLE-3 dir, MTP heads, native MTP)")
     dt.add_argument("--resume", action="store_true", help="continue from --out/trainer.pt")
+    dt.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the model or draft already in --out (refused without it)",
+    )
     dt.set_defaults(func=cmd_draft_train)
     de = draft.add_parser("eval", help="acceptance and speed-up of drafts on held-out prompts")
     de.add_argument("--policy", default="smollm2")

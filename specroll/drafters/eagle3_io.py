@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head, Embed
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
+from specroll.outputs import atomic_path, write_text
 
 
 def hf_tensors(head: Eagle3Head) -> dict[str, torch.Tensor]:
@@ -45,8 +47,34 @@ def save_eagle3(head: Eagle3Head, out_dir: str | Path) -> None:
     """Write config.json + model.safetensors in the SpecForge / vLLM EAGLE-3 layout."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(head.cfg.to_hf(), indent=2) + "\n")
-    save_file(hf_tensors(head), str(out / "model.safetensors"), metadata={"format": "pt"})
+    # each file whole or not at all: an interrupted save never leaves half a checkpoint
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(hf_tensors(head), str(tmp), metadata={"format": "pt"})
+    write_text(out / "config.json", json.dumps(head.cfg.to_hf(), indent=2) + "\n")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """`path`/config.json as a dict; ValueError naming the file when it is not JSON or
+    not an object (a list, a string)."""
+    f = path / "config.json"
+    try:
+        hf = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"draft config {f} is unreadable or not JSON ({e})") from e
+    if not isinstance(hf, dict):
+        raise ValueError(f"draft config {f} holds a {type(hf).__name__}, not a JSON object")
+    return hf
+
+
+def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    """The tensors of safetensors `files`; ValueError naming a truncated or corrupt one."""
+    raw: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            raw.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"weight file {f} is truncated or corrupt ({e})") from e
+    return raw
 
 
 def _check(hf: dict[str, Any], name: str, want: Any, what: str) -> None:
@@ -59,7 +87,7 @@ def load_eagle3(
 ) -> Eagle3Head:
     """Read a head saved by `save_eagle3`, SpecForge or vLLM (`midlayer.*` or `layers.0.*`)."""
     path = Path(path)
-    hf = json.loads((path / "config.json").read_text())
+    hf = read_config(path)
     _check(hf, "hidden_size", target_cfg.hidden_size, "the target")
     _check(hf, "target_hidden_size", target_cfg.hidden_size, "the target")
     _check(hf, "vocab_size", target_cfg.vocab_size, "the target")
@@ -83,9 +111,7 @@ def load_eagle3(
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors file in {path} (pickled checkpoints are not read)")
-    raw: dict[str, torch.Tensor] = {}
-    for f in files:
-        raw.update(load_file(str(f)))
+    raw = read_tensors(files)
     got: dict[str, torch.Tensor] = {}
     for name, t in raw.items():
         name = name.removeprefix("model.")

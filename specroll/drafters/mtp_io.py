@@ -9,12 +9,14 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from specroll.drafters.eagle3_io import read_config, read_tensors
 from specroll.drafters.mtp import MATRICES, MTPConfig, MTPDraft
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 from specroll.model.weights import hf_names
+from specroll.outputs import atomic_path, write_text
 
 
 def save_mtp(draft: MTPDraft, out_dir: str | Path) -> Path:
@@ -22,8 +24,9 @@ def save_mtp(draft: MTPDraft, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()}
-    save_file(tensors, out_dir / "mtp.safetensors", metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(draft.cfg.to_dict(), indent=2))
+    with atomic_path(out_dir / "mtp.safetensors") as tmp:  # whole or not at all
+        save_file(tensors, tmp, metadata={"format": "pt"})
+    write_text(out_dir / "config.json", json.dumps(draft.cfg.to_dict(), indent=2))
     return out_dir
 
 
@@ -48,11 +51,12 @@ def _fill(draft: MTPDraft, state: dict[str, torch.Tensor], where: object) -> MTP
 def load_mtp(model_dir: str | Path, target: Transformer) -> MTPDraft:
     """Load heads written by `save_mtp` on top of `target`."""
     model_dir = Path(model_dir)
+    hf = read_config(model_dir)
     try:
-        cfg = MTPConfig(**json.loads((model_dir / "config.json").read_text()))
-        state = load_file(model_dir / "mtp.safetensors")
-    except (OSError, json.JSONDecodeError, TypeError, SafetensorError) as e:
-        raise ValueError(f"{model_dir} is not a specroll MTP directory: {e}") from e
+        cfg = MTPConfig(**hf)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{model_dir / 'config.json'} is not a specroll MTP config: {e}") from e
+    state = read_tensors([model_dir / "mtp.safetensors"])
     return _fill(MTPDraft(cfg, target), state, model_dir)
 
 
@@ -130,7 +134,7 @@ def load_native_mtp(
     draft = MTPDraft(cfg, target)
     if norm_offset is None:
         hf_cfg = model_dir / "config.json"
-        mt = json.loads(hf_cfg.read_text()).get("model_type", "") if hf_cfg.is_file() else ""
+        mt = read_config(model_dir).get("model_type", "") if hf_cfg.is_file() else ""
         norm_offset = 1.0 if mt.startswith(("qwen3_next", "qwen3_5")) else 0.0
 
     plan = _native_names(naming, cfg, L)
