@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from specroll.outputs import check_dir
 from specroll.sim.catalogue import hardware_spec, model_spec
 from specroll.sim.costmodel import CostModel
 from specroll.sim.presets import PRESETS, preset
@@ -67,8 +68,43 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+K_MAX = 32
+"""The deepest --k simulated: a draft token at depth 32 is accepted with probability
+alpha^32 (< 1e-3 even at alpha = 0.8), and every iteration weighs each depth up to k, so
+a deeper k adds run time (minutes at 10^6), not information."""
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The flags no config validates, before any work: depth, parallelism and sequence
+    limits, sizes, the --plots directory."""
+    if args.k is not None and not 0 <= args.k <= K_MAX:
+        why = " (deeper drafts are accepted with probability alpha^k, about 0)"
+        raise ValueError(f"--k must be in [0, {K_MAX}], got {args.k}" + why * (args.k > 0))
+    for flag, value in (("--max-seqs", args.max_seqs), ("--tp", args.tp), ("--ep", args.ep)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.draft_params is not None and not args.draft_params > 0:  # also refuses nan
+        raise ValueError(f"--draft-params must be > 0, got {args.draft_params}")
+    if args.acceptance_length is not None and not args.acceptance_length >= 1:
+        raise ValueError(f"--acceptance-length must be >= 1, got {args.acceptance_length}")
+    if args.plots:
+        check_dir(args.plots, "--plots")
+
+
+def _alphas(text: str) -> list[float]:
+    """--alphas: comma-separated acceptance probabilities in [0, 1]."""
+    try:
+        alphas = [float(a) for a in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--alphas: comma-separated numbers in [0, 1], got {text!r}") from None
+    if not all(0 <= a <= 1 for a in alphas):
+        raise ValueError(f"--alphas must be in [0, 1], got {alphas}")
+    return alphas
+
+
 def build(args: argparse.Namespace) -> RLSim:
     """The preset with the command line's overrides applied (validated by the configs)."""
+    check_args(args)
     sim = preset(args.preset)
     if args.model:
         sim.model = model_spec(args.model)
@@ -99,15 +135,10 @@ def build(args: argparse.Namespace) -> RLSim:
     if args.lag is not None:
         sim.pipeline = Pipeline(lag=args.lag)
     if args.draft_params is not None:
-        if args.draft_params <= 0:
-            raise ValueError(f"--draft-params must be > 0, got {args.draft_params}")
         sim.draft_size = args.draft_params
     k = args.k if args.k is not None else sim.spec.k
     if args.alphas:
-        alphas = [float(a) for a in args.alphas.split(",")]
-        if not all(0 <= a <= 1 for a in alphas):
-            raise ValueError(f"--alphas must be in [0, 1], got {alphas}")
-        sim.spec = Speculation.padded(alphas, k)
+        sim.spec = Speculation.padded(_alphas(args.alphas), k)
     elif args.acceptance_length is not None:
         if not 1 <= args.acceptance_length < k + 1:
             raise ValueError(
@@ -183,7 +214,7 @@ def run(args: argparse.Namespace) -> None:
     if args.plots:
         from specroll.cli.sim_plots import heatmap, trace
 
-        d = Path(args.plots)
+        d = check_dir(args.plots, "--plots")
         d.mkdir(parents=True, exist_ok=True)
         name = f"{args.preset}: {sim.model.name} on {out['hardware']}"
         if "sweep" in out:

@@ -61,7 +61,19 @@ class ModelSpec:
     def from_config(cls, path: str | Path) -> ModelSpec:
         """Read a HF config.json (dense Llama/Qwen, or Qwen MoE fields)."""
         p = Path(path)
-        c = json.loads((p / "config.json" if p.is_dir() else p).read_text())
+        f = p / "config.json" if p.is_dir() else p
+        try:
+            c = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"model config {f} is unreadable or not JSON ({e})") from e
+        if not isinstance(c, dict):
+            raise ValueError(f"model config {f} holds a {type(c).__name__}, not a JSON object")
+        need = ("num_attention_heads", "num_hidden_layers", "hidden_size", "vocab_size")
+        lacks = [k for k in need if k not in c]
+        if "moe_intermediate_size" not in c and "intermediate_size" not in c:
+            lacks.append("intermediate_size")
+        if lacks:
+            raise ValueError(f"model config {f} lacks {', '.join(lacks)} (a HF config.json)")
         heads = c["num_attention_heads"]
         return cls(
             name=c.get("_name_or_path") or p.stem,
