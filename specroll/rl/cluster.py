@@ -3,7 +3,14 @@ run asks for (Ray would otherwise wait forever for resources that never come).""
 
 from __future__ import annotations
 
+import socket
+import time
+
 from specroll.rl.config import TrainConfig
+
+PROBE_TIMEOUT_S = 5.0
+"""How long `probe` waits for a cluster's GCS port to accept a connection (ray.init
+itself retries for half a minute, or for ever on some addresses, then tracebacks)."""
 
 
 def uses_ray(cfg: TrainConfig) -> bool:
@@ -19,6 +26,41 @@ def require_ray(setting: str) -> None:
         raise ValueError(f"{setting} needs Ray: pip install 'specroll[ray]'") from e
 
 
+def host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a `ray.address` to join ('host:port' or 'ray://host:port'); None
+    for '' (start a local Ray) and 'auto' (Ray finds the address itself)."""
+    rest = address.strip().removeprefix("ray://")
+    if not rest or rest == "auto":
+        return None
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(
+            f"ray.address={address!r}: expected '', 'auto', 'HOST:PORT' or 'ray://HOST:PORT'"
+        )
+    return host.strip("[]"), int(port)
+
+
+def probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """ValueError saying `address` is unreachable, and how long was waited, unless its
+    host accepts a TCP connection on its port within `timeout` seconds (before ray.init,
+    which would retry long and end in a traceback, or hang)."""
+    target = host_port(address)
+    if target is None:
+        return
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection(target, timeout=timeout):
+            return
+    except OSError as e:
+        waited = time.monotonic() - t0
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ValueError(
+            f"ray.address={address!r} is unreachable: no Ray cluster answered at "
+            f"{target[0]}:{target[1]} ({why}, waited {waited:.1f}s of {timeout:g}s); "
+            "start one with `ray start --head`, or set ray.address='' for a local Ray"
+        ) from None
+
+
 def connect(cfg: TrainConfig) -> None:
     """Start or join Ray (`ray.address`) and check the cluster can hold the rollout workers
     (`rollout.backend: ray`) and the learner's actors (`learner.placement: ray`)."""
@@ -26,6 +68,7 @@ def connect(cfg: TrainConfig) -> None:
 
     ray_cfg = cfg.ray
     if not ray.is_initialized():
+        probe(ray_cfg.address)
         ray.init(
             address=ray_cfg.address or None,
             include_dashboard=False,
