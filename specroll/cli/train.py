@@ -60,7 +60,11 @@ def _draft(cfg, policy, tok, path):
     with common.progress_bar() as bar:
         tasks: dict[str, int] = {}
         name = {"eagle3": "EAGLE-3", "mtp": "MTP"}[cfg.draft.kind]
-        labels = {"data": "draft: sampling the policy", "train": f"draft: training {name}"}
+        # the unit in the label: the rate is rollouts/s or optimizer steps/s
+        labels = {
+            "data": "draft: sampling the policy (rollouts)",
+            "train": f"draft: training {name} (steps)",
+        }
 
         def on_draft(stage: str, done: int, total: int | None, info: str = "") -> None:
             label = labels.get(stage, stage)

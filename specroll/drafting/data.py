@@ -159,18 +159,37 @@ def collect(
     engine = Engine(policy, EngineConfig(max_batch=cfg.max_batch, seed=cfg.seed))
     n_shards = -(-cfg.n // cfg.shard_size)
     done = 0
+    if progress is not None:
+        progress(0, cfg.n)  # the total, at once (a shard takes minutes)
     for s in range(n_shards):
         lo, hi = s * cfg.shard_size, min(cfg.n, (s + 1) * cfg.shard_size)
         path = out / f"shard-{s:05d}.safetensors"
         if not path.exists():
-            _write_shard(policy, engine, prompts[lo:hi], lo, cfg, aux, path)
+            tick = _ticker(progress, lo, cfg.n)
+            _write_shard(policy, engine, prompts[lo:hi], lo, cfg, aux, path, tick)
         done = hi
         if progress is not None:
             progress(done, cfg.n)
     return out
 
 
-def _write_shard(policy, engine, prompts, first: int, cfg, aux, path: Path) -> None:
+def _ticker(progress: Callable[[int, int], None] | None, first: int, n: int):
+    """The engine's on_progress for one shard: progress(rollouts finished, n) per rollout,
+    so the bar moves while a shard samples, not once it is written."""
+    if progress is None:
+        return None
+    finished = first
+
+    def tick(_tokens: int, newly_finished: int) -> None:
+        nonlocal finished
+        if newly_finished:
+            finished += newly_finished
+            progress(finished, n)
+
+    return tick
+
+
+def _write_shard(policy, engine, prompts, first: int, cfg, aux, path: Path, tick=None) -> None:
     reqs = [
         Request(
             ids,
@@ -182,7 +201,7 @@ def _write_shard(policy, engine, prompts, first: int, cfg, aux, path: Path) -> N
         )
         for i, ids in enumerate(prompts)
     ]
-    results = engine.generate(reqs)
+    results = engine.generate(reqs, on_progress=tick)
     seqs = [r.prompt_ids + r.token_ids for r in results]
     feats = features(policy, seqs, aux, cfg.temperature)
     lengths = torch.tensor([len(q) for q in seqs])
