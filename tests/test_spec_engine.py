@@ -74,8 +74,7 @@ def test_joint_distribution_of_three_tokens_matches_plain_decoding(
     engine = Engine(target, EngineConfig(max_batch=512), drafter=make(), depth=FixedDepth(3))
     counts = sample_joint(engine, N, t, k, p, mixed=True)
     s = engine.stats
-    # speculation really happened (draft tokens a 3-token budget could emit), both outcomes
-    assert s.draft_tokens > N // 4
+    assert s.draft_tokens > N // 2  # speculation really happened, with both outcomes
     assert s.acceptance_rate < 0.95  # rejections (residual draws) are exercised
     if drafter == "draft_model":
         assert s.acceptance_rate > 0.05  # and so are acceptances

@@ -46,7 +46,7 @@ from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.model.weights import load_state
 from specroll.spec import rng
-from specroll.spec.metrics import CollapseDetector, SpecStats, counted_drafts
+from specroll.spec.metrics import CollapseDetector, SpecStats
 from specroll.spec.verify import verify
 
 
@@ -352,15 +352,12 @@ class Engine:
         )
         emitted = ver.num_emitted  # [n]
         out = ver.tokens.clamp(min=0)  # [n, K+1]
-        room = torch.minimum(st.max_new[rows] - st.n_gen[rows], ctx - 1 - st.pos[rows])
         count, finish = st.cut(rows, out, emitted, ctx)
         last = st.record(rows, idx, out, ver.logprobs, emitted, count, finish)
-        used, kept = counted_drafts(num_draft, ver.accepted, count, room)
-        drafted = st.count_drafts(rows, used, kept.sum(1), kept)
-        parts = [emitted, count, finish, used, ver.num_accepted, last]
+        drafted = st.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
+        parts = [emitted, count, finish, num_draft, ver.num_accepted, last]
         if drafted is not None and observe:  # per-position totals: statistics, depth policy
-            full = torch.arange(K, **long) < num_draft.unsqueeze(1)  # the depth policy's
-            parts += [kept.sum(0), drafted.sum(0), (ver.accepted & full).sum(0)]
+            parts += [ver.accepted.sum(0), drafted.sum(0), (ver.accepted & drafted).sum(0)]
         host = torch.cat(parts).tolist()  # the iteration's one read-back
         h_emit, h_count, h_finish, h_draft, h_acc, h_last = (
             host[i * n : (i + 1) * n] for i in range(6)

@@ -182,19 +182,3 @@ class CollapseDetector:
             self.drafted -= d
             self.accepted -= a
         return self.drafted >= self.window and self.accepted < self.threshold * self.drafted
-
-
-def counted_drafts(
-    num_draft: torch.Tensor, accepted: torch.Tensor, count: torch.Tensor, room: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft positions the statistics count, so the reported acceptance length is at
-    most the tokens a drafting iteration kept (k = 50 with 8 tokens to go is not an AL of
-    51). Drafted: the positions the row could still emit, `room` [n] (its budget and the
-    context window, known before verifying). Accepted: those, before the row's last kept
-    token (`count` [n]; the last one stands for the bonus token). Returns (drafts counted
-    [n], accepted and counted [n, K]); what is sampled is unchanged."""
-    K = accepted.shape[1]
-    col = torch.arange(K, device=accepted.device)
-    used = torch.minimum(num_draft, room.clamp(min=0))
-    kept = accepted & (col < torch.minimum(used, count - 1).unsqueeze(1))
-    return used, kept
