@@ -222,14 +222,6 @@ def test_generate_bad_inputs_name_the_flag_or_file(capsys, tmp_path, home, monke
 # ------------------------------------------------ 5. small untruths
 
 
-def test_acceptance_length_counts_only_emitted_tokens(capsys, home):
-    argv = ["generate", *TINY, "--prompt", "hi", "--temperature", "0", "--drafter", "self"]
-    assert main([*argv, "--k", "50", "--max-new-tokens", "8"]) == 0
-    line = next(x for x in capsys.readouterr().err.splitlines() if "acceptance length" in x)
-    al = float(line.split("acceptance length ")[1].split(",")[0])
-    assert 1 <= al <= 8, line  # 7 tokens came from the one drafting iteration
-
-
 def test_draft_sampling_progress_shows_at_once(tmp_path, home):
     """The sampling stage reports its total before the first shard, then per rollout."""
     from specroll.drafting.data import DraftDataConfig, collect, prompt_ids

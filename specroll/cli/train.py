@@ -44,13 +44,14 @@ def _plan(cfg, args: argparse.Namespace, budget: bool = True):
         resolve_device(cfg.rollout.device, "rollout.device")
     if cfg.learner_placement() == "local":
         resolve_device(cfg.learner.device, "learner.device")
-    if budget:
+    plan = rundir.check(
+        cfg.pipeline.out_dir, cfg.to_dict(), cfg.pipeline.steps, args.resume, args.overwrite
+    )
+    if budget and plan.action in ("fresh", "resume"):  # after the directory's verdict
         warning = check_run(cfg, items)
         if warning:
             common.console.print(f"warning: {warning}", markup=False, highlight=False)
-    return rundir.check(
-        cfg.pipeline.out_dir, cfg.to_dict(), cfg.pipeline.steps, args.resume, args.overwrite
-    )
+    return plan
 
 
 def _draft(cfg, policy, tok, path):

@@ -24,12 +24,11 @@ with the fit error.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from specroll.outputs import write_text
 
 
 @dataclass
@@ -78,7 +77,9 @@ class CostModel:
 
     def save(self, path: str | Path) -> None:
         meta = {k: v for k, v in self.meta.items() if k != "cache_path"}
-        write_text(path, json.dumps(asdict(self) | {"meta": meta}, indent=2) + "\n")  # atomic
+        tmp = Path(path).with_name(Path(path).name + ".tmp")  # atomic: sim stays a leaf
+        tmp.write_text(json.dumps(asdict(self) | {"meta": meta}, indent=2) + "\n")
+        os.replace(tmp, path)
 
     def mark_stale(self, reason: str) -> bool:
         """Record in the cached file this profile came from (meta["cache_path"], set by
