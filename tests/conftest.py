@@ -317,3 +317,39 @@ def gof_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     exp = probs[support].double() * n
     stat = ((counts[support].double() - exp) ** 2 / exp).sum().item()
     return chi2_sf(stat, int(support.sum()) - 1)
+
+
+# ---------------------------------------------------------------------- the command line
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    """SPECROLL_HOME in the test's own directory: models and drafts are built there."""
+    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path / "home"))
+
+
+def train_tiny(out, *args: str) -> int:
+    """`specroll train --preset tiny --out OUT ARGS`, in this process; its exit code."""
+    from specroll.cli import main
+
+    return main(["train", "--preset", "tiny", "--out", str(out), *args])
+
+
+def err_text(capsys) -> str:
+    """What the command wrote to stderr, as one line (rich wraps long lines)."""
+    return " ".join(capsys.readouterr().err.split())
+
+
+def fails_clearly(capsys, argv: list[str], *needles: str) -> str:
+    """main(argv) exits 2, ending with one `error:` line that holds every needle (progress
+    lines such as 'loading ...' may come before it), and prints no traceback."""
+    from specroll.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith("error: ") and err.endswith(last + "\n"), err
+    for needle in needles:
+        assert needle in last, err
+    return last

@@ -6,6 +6,7 @@ import pytest
 
 from specroll.cli import main
 from specroll.drafters.build import build_drafter
+from tests.conftest import fails_clearly
 
 
 def test_bad_sampling_argument_names_the_field(capsys, tmp_path):
@@ -57,19 +58,6 @@ def tiny_home(tmp_path_factory, monkeypatch):
     return home
 
 
-def _fails_clearly(capsys, argv: list[str], *needles: str) -> str:
-    """main(argv) exits 2, ending with one `error:` line that holds every needle (progress
-    lines such as 'loading ...' may come before it), and prints no traceback."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    last = err.splitlines()[-1]
-    assert last.startswith("error: ") and err.endswith(last + "\n"), err
-    for needle in needles:
-        assert needle in last, err
-    return last
-
-
 @pytest.mark.parametrize(
     "record,needle",
     [
@@ -85,28 +73,28 @@ def test_bad_prompt_records_in_train_and_generate(capsys, tmp_path, tiny_home, r
 
     f = tmp_path / "tasks.jsonl"
     f.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n" + json.dumps(record) + "\n")
-    _fails_clearly(capsys, ["generate", "--model", "tiny", "--prompts", str(f)], "tasks.jsonl:2")
+    fails_clearly(capsys, ["generate", "--model", "tiny", "--prompts", str(f)], "tasks.jsonl:2")
     argv = ["train", "--preset", "tiny", "--set", f"data.task={f}", "--out", str(tmp_path)]
-    _fails_clearly(capsys, argv, "tasks.jsonl:2", needle)
+    fails_clearly(capsys, argv, "tasks.jsonl:2", needle)
 
 
 def test_malformed_preset_names_the_file_and_line(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("policy:\n  model: tiny\nloss: [1\n")
-    _fails_clearly(capsys, ["train", "--preset", str(bad)], "bad.yaml", "line ")
+    fails_clearly(capsys, ["train", "--preset", str(bad)], "bad.yaml", "line ")
     bad.write_text("policy: tiny\n")
-    _fails_clearly(capsys, ["train", "--preset", str(bad)], "bad.yaml", "'policy'", "mapping")
+    fails_clearly(capsys, ["train", "--preset", str(bad)], "bad.yaml", "'policy'", "mapping")
 
 
 def test_missing_drafter_paths_name_path_and_expectation(capsys, tmp_path, tiny_home):
     gone = str(tmp_path / "nonexistent")
     for kind in ("eagle3", "mtp"):
         argv = ["generate", "--model", "tiny", "--drafter", f"{kind}:{gone}", "--prompt", "hi"]
-        _fails_clearly(capsys, argv, gone, "config.json")
+        fails_clearly(capsys, argv, gone, "config.json")
     argv = ["draft", "eval", "--policy", "tiny", "--draft", gone]
-    _fails_clearly(capsys, argv, gone, "config.json")
+    fails_clearly(capsys, argv, gone, "config.json")
     argv = ["generate", "--model", "tiny", "--drafter", "medusa:x", "--prompt", "hi"]
-    _fails_clearly(capsys, argv, "medusa", "ngram", "eagle3:PATH", "mtp:PATH")
+    fails_clearly(capsys, argv, "medusa", "ngram", "eagle3:PATH", "mtp:PATH")
 
 
 def test_errors_reach_a_non_terminal_stderr_in_one_line(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from specroll.cli import main
+from tests.conftest import fails_clearly
 
 TINY = ["--model", "tiny"]
 FEW = ["--prompt", "hi", "--max-new-tokens", "4"]
@@ -24,18 +25,6 @@ def home(tmp_path_factory, monkeypatch) -> Path:
     home = tmp_path_factory.getbasetemp() / "hostile-home"
     monkeypatch.setenv("SPECROLL_HOME", str(home))
     return home
-
-
-def _error(capsys, argv: list[str], *needles: str) -> str:
-    """main(argv) exits 2 with one last `error:` line holding every needle, no traceback."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    last = err.splitlines()[-1]
-    assert last.startswith("error: ") and err.endswith(last + "\n"), err
-    for needle in needles:
-        assert needle in last, err
-    return last
 
 
 def _no_model(monkeypatch) -> None:
@@ -57,12 +46,16 @@ def test_unwritable_outputs_fail_before_any_model_loads(capsys, tmp_path, home, 
     a_file.write_text("x")
     under_file = str(a_file / "x")
     _no_model(monkeypatch)
-    _error(capsys, ["generate", *TINY, *FEW, "--out", str(a_dir)], "--out", "is a directory")
-    _error(capsys, ["generate", *TINY, *FEW, "--out", under_file], "--out", "not a directory")
-    _error(capsys, ["draft", "data", "--policy", "tiny", "--out", str(a_file)], "--out")
-    _error(capsys, ["draft", "data", "--policy", "tiny", "--out", under_file], "--out")
-    _error(capsys, ["bench", "profile", *TINY, "--out", str(a_dir)], "--out")
-    _error(capsys, ["simulate", "--no-sweep", "--plots", str(a_file)], "--plots", "is a file")
+    fails_clearly(capsys, ["generate", *TINY, *FEW, "--out", str(a_dir)], "--out", "is a directory")
+    fails_clearly(
+        capsys, ["generate", *TINY, *FEW, "--out", under_file], "--out", "not a directory"
+    )
+    fails_clearly(capsys, ["draft", "data", "--policy", "tiny", "--out", str(a_file)], "--out")
+    fails_clearly(capsys, ["draft", "data", "--policy", "tiny", "--out", under_file], "--out")
+    fails_clearly(capsys, ["bench", "profile", *TINY, "--out", str(a_dir)], "--out")
+    fails_clearly(
+        capsys, ["simulate", "--no-sweep", "--plots", str(a_file)], "--plots", "is a file"
+    )
 
 
 @pytest.fixture
@@ -80,8 +73,8 @@ def test_draft_train_out_checked_before_loading(capsys, tmp_path, data_dir, monk
     a_file.write_text("x")
     _no_model(monkeypatch)
     base = ["draft", "train", "--data", str(data_dir)]
-    _error(capsys, [*base, "--out", str(a_file)], "--out", "is a file")
-    _error(capsys, [*base, "--out", str(a_file / "d")], "--out", "not a directory")
+    fails_clearly(capsys, [*base, "--out", str(a_file)], "--out", "is a file")
+    fails_clearly(capsys, [*base, "--out", str(a_file / "d")], "--out", "not a directory")
 
 
 # ------------------------------------------------ 2. an existing draft is not replaced
@@ -104,11 +97,11 @@ def test_draft_train_refuses_an_existing_draft_without_overwrite(capsys, tmp_pat
     (out / "config.json").write_text('{"keep": "me"}')
     base = ["draft", "train", "--data", str(data_dir), "--out", str(out)]
     fast = ["--epochs", "1", "--ttt-steps", "1", "--draft-vocab-size", "32"]
-    _error(capsys, [*base, *fast], "--out", "config.json", "--overwrite")
+    fails_clearly(capsys, [*base, *fast], "--out", "config.json", "--overwrite")
     assert json.loads((out / "config.json").read_text()) == {"keep": "me"}
     child = _holds_lock(out)
     try:
-        _error(capsys, [*base, *fast, "--overwrite"], "--out", "in use", f"pid {child.pid}")
+        fails_clearly(capsys, [*base, *fast, "--overwrite"], "--out", "in use", f"pid {child.pid}")
     finally:
         child.kill()
         child.wait()
@@ -153,7 +146,7 @@ def test_damaged_draft_dirs_name_the_file(capsys, drafts, kind, damage):
         f = d / "config.json"
         f.write_text("[1, 2]")
     argv = ["generate", *TINY, *FEW, "--drafter", f"{kind}:{d}"]
-    _error(capsys, argv, str(f))
+    fails_clearly(capsys, argv, str(f))
     with pytest.raises(ValueError, match=str(f)):  # the train config's draft.init
         load_draft(d, policy)
 
@@ -162,7 +155,7 @@ def test_draft_train_init_names_a_damaged_draft(capsys, tmp_path, data_dir, draf
     _, e3, _ = drafts
     (e3 / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
     argv = ["draft", "train", "--data", str(data_dir), "--out", str(tmp_path / "o")]
-    _error(capsys, [*argv, "--init", str(e3)], str(e3 / "model.safetensors"))
+    fails_clearly(capsys, [*argv, "--init", str(e3)], str(e3 / "model.safetensors"))
 
 
 @pytest.mark.parametrize(
@@ -177,20 +170,20 @@ def test_draft_train_init_names_a_damaged_draft(capsys, tmp_path, data_dir, draf
     ],
 )
 def test_simulate_flags_name_the_allowed_range(capsys, flags, needles):
-    _error(capsys, ["simulate", "--no-sweep", "--json", *flags], *needles)
+    fails_clearly(capsys, ["simulate", "--no-sweep", "--json", *flags], *needles)
 
 
 def test_simulate_model_json_without_keys(capsys, tmp_path):
     cfg = tmp_path / "m.json"
     cfg.write_text('{"hidden_size": 8}')
-    _error(capsys, ["simulate", "--model", str(cfg)], str(cfg), "num_attention_heads")
+    fails_clearly(capsys, ["simulate", "--model", str(cfg)], str(cfg), "num_attention_heads")
     cfg.write_text("[1]")
-    _error(capsys, ["simulate", "--model", str(cfg)], str(cfg), "not a JSON object")
+    fails_clearly(capsys, ["simulate", "--model", str(cfg)], str(cfg), "not a JSON object")
 
 
 def test_bench_spec_refuses_zero_repeats(capsys, monkeypatch):
     _no_model(monkeypatch)
-    _error(capsys, ["bench", "spec", *TINY, "--repeats", "0"], "--repeats", ">= 1")
+    fails_clearly(capsys, ["bench", "spec", *TINY, "--repeats", "0"], "--repeats", ">= 1")
 
 
 def test_unreachable_ray_address_fails_fast_and_says_so():
@@ -212,11 +205,13 @@ def test_generate_bad_inputs_name_the_flag_or_file(capsys, tmp_path, home, monke
     binary.write_bytes(bytes(range(256)) * 8)
     gguf = tmp_path / "x.gguf"
     gguf.write_bytes(b"GGUF" + bytes(range(256)) * 4)
-    _error(capsys, ["generate", "--model", str(gguf), *FEW], str(gguf), "GGUF")
+    fails_clearly(capsys, ["generate", "--model", str(gguf), *FEW], str(gguf), "GGUF")
     _no_model(monkeypatch)
-    _error(capsys, ["generate", *TINY, *FEW, "--samples", "0"], "--samples", ">= 1")
-    _error(capsys, ["generate", *TINY, "--prompts", str(binary)], str(binary), "text file")
-    _error(capsys, ["generate", *TINY, "--prompts", str(tmp_path)], str(tmp_path), "directory")
+    fails_clearly(capsys, ["generate", *TINY, *FEW, "--samples", "0"], "--samples", ">= 1")
+    fails_clearly(capsys, ["generate", *TINY, "--prompts", str(binary)], str(binary), "text file")
+    fails_clearly(
+        capsys, ["generate", *TINY, "--prompts", str(tmp_path)], str(tmp_path), "directory"
+    )
 
 
 # ------------------------------------------------ 5. small untruths

@@ -19,19 +19,7 @@ from safetensors.torch import load_file
 from specroll.cli import main
 from specroll.rl.run import checkpoint
 from specroll.rl.run.report import step_line, summarise
-
-
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path / "home"))
-
-
-def _train(out, *args: str) -> int:
-    return main(["train", "--preset", "tiny", "--out", str(out), *args])
-
-
-def _err(capsys) -> str:
-    return " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+from tests.conftest import err_text, train_tiny
 
 
 def _rows(out: Path) -> list[dict]:
@@ -58,7 +46,7 @@ def finished(tmp_path_factory) -> Path:
     old = os.environ.get("SPECROLL_HOME")
     os.environ["SPECROLL_HOME"] = str(root / "home")
     try:
-        assert _train(root / "run", "--steps", "4") == 0
+        assert train_tiny(root / "run", "--steps", "4") == 0
     finally:
         if old is None:
             del os.environ["SPECROLL_HOME"]
@@ -81,16 +69,16 @@ def test_a_new_run_never_deletes_or_replaces_files_it_did_not_write(home, tmp_pa
     (d / "policy").mkdir(parents=True)
     (d / "policy" / "notes.txt").write_text("n\n")
     (d / "report.md").write_text("r\n")
-    assert _train(d, "--steps", "1") == 2
-    err = _err(capsys)
+    assert train_tiny(d, "--steps", "1") == 2
+    err = err_text(capsys)
     assert "report.md" in err and "--overwrite" in err
     # --overwrite replaces what a run writes, never the user's notes
-    assert _train(d, "--steps", "1", "--overwrite") == 2
-    assert "notes.txt" in _err(capsys)
+    assert train_tiny(d, "--steps", "1", "--overwrite") == 2
+    assert "notes.txt" in err_text(capsys)
     assert (d / "policy" / "notes.txt").read_text() == "n\n"
     assert (d / "report.md").read_text() == "r\n"
     (d / "policy" / "notes.txt").unlink()
-    assert _train(d, "--steps", "1", "--overwrite") == 0
+    assert train_tiny(d, "--steps", "1", "--overwrite") == 0
     assert (d / "report.md").read_text() != "r\n"
 
 
@@ -108,14 +96,14 @@ def test_a_run_holds_its_directory_against_another_process(home, tmp_path, capsy
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert _train(out, "--steps", "1") == 2
-        err = _err(capsys)
+        assert train_tiny(out, "--steps", "1") == 2
+        err = err_text(capsys)
         assert "in use" in err and f"pid {holder.pid}" in err
         assert not (out / "metrics.jsonl").exists()
     finally:
         holder.kill()
         holder.wait()
-    assert _train(out, "--steps", "1") == 0  # the lock dies with its process
+    assert train_tiny(out, "--steps", "1") == 0  # the lock dies with its process
 
 
 # ---------------------------------------------------------------- damaged checkpoints
@@ -150,8 +138,8 @@ def test_resume_skips_a_damaged_checkpoint_and_says_why(home, finished, tmp_path
     out = _copy(finished, tmp_path)
     DAMAGE[kind](out / "checkpoints" / "step-000004")
     capsys.readouterr()
-    assert _train(out, "--resume", "--steps", "5") == 0
-    err = _err(capsys)
+    assert train_tiny(out, "--resume", "--steps", "5") == 0
+    err = err_text(capsys)
     assert "skipped the damaged checkpoint step-000004" in err
     assert "resumed from" in err and "(step 2)" in err
     assert _steps(out) == [0, 1, 2, 3, 4, 5]
@@ -162,8 +150,8 @@ def test_resume_with_every_checkpoint_damaged_names_each(home, finished, tmp_pat
     out = _copy(finished, tmp_path)
     for ck in (out / "checkpoints").iterdir():
         _truncate(ck / "state.pt")
-    assert _train(out, "--resume", "--steps", "5") == 2
-    err = _err(capsys)
+    assert train_tiny(out, "--resume", "--steps", "5") == 2
+    err = err_text(capsys)
     assert "no intact checkpoint" in err and "step-000004" in err and "step-000002" in err
 
 
@@ -197,7 +185,7 @@ def test_resume_accepts_any_path_to_the_same_directory(home, finished, tmp_path,
         assert (plan.action, plan.step) == ("resume", 4)
     moved = tmp_path / "moved"
     out.rename(moved)
-    assert _train(moved, "--resume", "--steps", "5") == 0
+    assert train_tiny(moved, "--resume", "--steps", "5") == 0
     assert _steps(moved) == [0, 1, 2, 3, 4, 5]
 
 
@@ -263,7 +251,7 @@ def test_a_run_stopped_after_its_last_checkpoint_is_finished_by_resume(home, fin
     out = _copy(finished, tmp_path)
     (out / "report.md").unlink()
     shutil.rmtree(out / "policy")
-    assert _train(out, "--resume") == 0
+    assert train_tiny(out, "--resume") == 0
     assert (out / "report.md").is_file()
     assert (
         load_file(out / "policy" / "model.safetensors").keys()
@@ -281,8 +269,8 @@ def test_resume_with_fewer_steps_than_planned_says_how_far_the_run_got(
     m["config"]["pipeline"]["steps"] = 12  # as if stopped at step 4 of 12
     meta.write_text(json.dumps(m))
     capsys.readouterr()
-    assert _train(out, "--resume", "--steps", "3") == 0
-    err = _err(capsys)
+    assert train_tiny(out, "--resume", "--steps", "3") == 0
+    err = err_text(capsys)
     assert "done 4 of its 12 steps" in err and "--steps 12" in err
 
 
@@ -291,8 +279,8 @@ def test_resume_with_fewer_steps_than_planned_says_how_far_the_run_got(
 
 @pytest.mark.parametrize("setting", ["policy.lr=inf", "loss.clip_low=nan", "draft.lr=-inf"])
 def test_non_finite_settings_are_refused_up_front(home, tmp_path, capsys, setting):
-    assert _train(tmp_path / "x", "--set", setting) == 2
-    assert "must be a finite number" in _err(capsys)
+    assert train_tiny(tmp_path / "x", "--set", setting) == 2
+    assert "must be a finite number" in err_text(capsys)
     assert not (tmp_path / "x").exists()
 
 
@@ -313,8 +301,8 @@ def test_a_non_finite_update_stops_training_and_keeps_the_last_good_weights(
 
     monkeypatch.setattr(trainer_module.loss, "step_advantages", nan_at_step_2)
     out = tmp_path / "run"
-    assert _train(out, "--steps", "4") == 1
-    err = _err(capsys)
+    assert train_tiny(out, "--steps", "4") == 1
+    err = err_text(capsys)
     assert "error: step 2: policy_loss nan" in err and "the update was not applied" in err
     assert "weights of step 1 are saved" in err
     assert not (out / "policy" / "model.safetensors").exists()  # nothing NaN exported
@@ -365,6 +353,6 @@ def test_a_preset_file_that_says_nothing_clear_is_refused(tmp_path, capsys, text
     p = tmp_path / "my.yaml"
     p.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert main(["train", "--preset", str(p), "--out", str(tmp_path / "o")]) == 2
-    err = _err(capsys)
+    err = err_text(capsys)
     assert str(p) in err and needle in err
     assert not (tmp_path / "o").exists()

@@ -7,23 +7,9 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
 from safetensors.torch import load_file
 
-from specroll.cli import main
-
-
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path / "home"))
-
-
-def _train(out, *args: str) -> int:
-    return main(["train", "--preset", "tiny", "--out", str(out), *args])
-
-
-def _err(capsys) -> str:
-    return " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+from tests.conftest import err_text, train_tiny
 
 
 def _steps(out) -> list[int]:
@@ -32,26 +18,26 @@ def _steps(out) -> list[int]:
 
 def test_fresh_run_refuses_a_directory_holding_another_run(home, tmp_path, capsys):
     out = tmp_path / "x"
-    assert _train(out, "--steps", "6") == 0
+    assert train_tiny(out, "--steps", "6") == 0
     log = capsys.readouterr().err  # not a terminal: plain lines, one per step
     assert "loading " in log and "RL steps: started (total 6)" in log
     assert "step 6/6  reward " in log and '"time"' not in log
     before = (out / "metrics.jsonl").read_text()
     policy = load_file(out / "policy" / "model.safetensors")
-    assert _train(out) == 2
-    err = _err(capsys)
+    assert train_tiny(out) == 2
+    err = err_text(capsys)
     assert "holds another run" in err and "--overwrite" in err and "--resume" in err
     assert (out / "metrics.jsonl").read_text() == before  # nothing touched
     assert (out / "checkpoints" / "step-000006").is_dir()
     # --overwrite starts over: the old run's checkpoints go, so none can be resumed later
-    assert _train(out, "--overwrite") == 0
+    assert train_tiny(out, "--overwrite") == 0
     assert _steps(out) == [0, 1, 2, 3, 4]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "step-000002",
         "step-000004",
     ]
-    assert _train(out, "--resume") == 0
-    assert "finished at step 4" in _err(capsys)
+    assert train_tiny(out, "--resume") == 0
+    assert "finished at step 4" in err_text(capsys)
     after = load_file(out / "policy" / "model.safetensors")
     assert any(not after[k].equal(policy[k]) for k in policy)  # the 4-step run's weights
     assert _steps(out) == [0, 1, 2, 3, 4]
@@ -59,11 +45,11 @@ def test_fresh_run_refuses_a_directory_holding_another_run(home, tmp_path, capsy
 
 def test_resume_refuses_another_runs_checkpoint(home, tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
-    assert _train(a, "--steps", "3", "--set", "data.val_size=0") == 0
-    assert _train(b, "--steps", "1", "--set", "data.val_size=0") == 0
+    assert train_tiny(a, "--steps", "3", "--set", "data.val_size=0") == 0
+    assert train_tiny(b, "--steps", "1", "--set", "data.val_size=0") == 0
     shutil.copytree(a / "checkpoints" / "step-000003", b / "checkpoints" / "step-000003")
-    assert _train(b, "--resume", "--steps", "4", "--set", "data.val_size=0") == 2
-    assert "belongs to run" in _err(capsys)
+    assert train_tiny(b, "--resume", "--steps", "4", "--set", "data.val_size=0") == 2
+    assert "belongs to run" in err_text(capsys)
     # a checkpoint of an older layout (no format in meta.json) is refused by name
     meta = b / "checkpoints" / "step-000003" / "meta.json"
     shutil.rmtree(b / "checkpoints" / "step-000001")
@@ -71,28 +57,28 @@ def test_resume_refuses_another_runs_checkpoint(home, tmp_path, capsys):
     old.pop("format")
     old["run_id"] = json.loads((b / "run.json").read_text())["run_id"]
     meta.write_text(json.dumps(old))
-    assert _train(b, "--resume", "--steps", "4", "--set", "data.val_size=0") == 2
-    assert "checkpoint format 1, this specroll reads format 2" in _err(capsys)
+    assert train_tiny(b, "--resume", "--steps", "4", "--set", "data.val_size=0") == 2
+    assert "checkpoint format 1, this specroll reads format 2" in err_text(capsys)
 
 
 def test_resume_is_checked_before_any_work(home, tmp_path, capsys):
     out = tmp_path / "none"
-    assert _train(out, "--resume") == 2
-    assert "no checkpoint" in _err(capsys)
+    assert train_tiny(out, "--resume") == 2
+    assert "no checkpoint" in err_text(capsys)
     assert not out.exists()  # no empty directory left behind
     assert not (tmp_path / "home" / "models").exists()  # no model was resolved
-    assert _train(out, "--resume", "--overwrite") == 2
-    assert "contradict" in _err(capsys)
+    assert train_tiny(out, "--resume", "--overwrite") == 2
+    assert "contradict" in err_text(capsys)
     run = tmp_path / "run"
-    assert _train(run, "--steps", "2") == 0
-    assert _train(run, "--resume", "--steps", "3", "--set", "loss.clip_high=0.5") == 2
-    assert "loss.clip_high=0.28" in _err(capsys)
+    assert train_tiny(run, "--steps", "2") == 0
+    assert train_tiny(run, "--resume", "--steps", "3", "--set", "loss.clip_high=0.5") == 2
+    assert "loss.clip_high=0.28" in err_text(capsys)
     # a longer run continues from the finished one's last checkpoint
-    assert _train(run, "--resume", "--steps", "3") == 0
+    assert train_tiny(run, "--resume", "--steps", "3") == 0
     assert _steps(run) == [0, 1, 2, 3]
 
 
 def test_zero_steps_is_not_ignored(home, tmp_path, capsys):
-    assert _train(tmp_path / "z", "--steps", "0") == 2
-    assert "pipeline.steps must be >= 1, got 0" in _err(capsys)
+    assert train_tiny(tmp_path / "z", "--steps", "0") == 2
+    assert "pipeline.steps must be >= 1, got 0" in err_text(capsys)
     assert not (tmp_path / "z").exists()
