@@ -268,11 +268,13 @@ def sample_joint(engine, n_samples: int, t: float, k: int, p: float, mixed: bool
     for i in range(n_samples):
         cap = (i % 4) if mixed else None  # k = 0, 1, 2, 3 rows side by side
         params = SamplingParams(
-            t, top_k=k, top_p=p, max_new_tokens=3, stop_token_ids=(), seed=i, max_draft=cap
+            t, top_k=k, top_p=p, max_new_tokens=5, stop_token_ids=(), seed=i, max_draft=cap
         )
         reqs.append(Request(PROMPT, params))
+    # 5 tokens, of which the first 3 are counted: a row drafts no more than its budget
+    # can keep, and after the prefill token 4 to go leave room for the full 3 drafts
     res = engine.generate(reqs)
-    ids = torch.tensor([r.token_ids for r in res])  # [N, 3]
+    ids = torch.tensor([r.token_ids[:3] for r in res])  # [N, 3]
     return torch.bincount(ids[:, 0] * VOCAB**2 + ids[:, 1] * VOCAB + ids[:, 2], minlength=VOCAB**3)
 
 

@@ -145,19 +145,22 @@ def _freedman(var: float, bound: float, n_max: int, delta: float = 1e-6) -> floa
 
 
 def test_acceptance_length_of_a_drafter_with_known_acceptance(target):
-    """With every position accepted with probability a (`_Diluted`), a draft of k tokens
-    accepts A in {0..k}, P(A >= i) = a^i: AL = 1 + E[A] = 1 + a + ... + a^k, and the
-    per-position acceptance i is a^(i+1).
+    """With every position accepted with probability a (`_Diluted`), a draft of d tokens
+    accepts A in {0..d}, P(A >= i) = a^i: E[A | d] = a + ... + a^d, and the per-position
+    acceptance i is a^(i+1).
 
-    Noise bound: the drafts' A_j are i.i.d. (mean mu, variance
-    var = sum_{i,j} a^max(i,j) - mu^2). Rows stop on their budget, so the number of
-    drafts N depends on the A_j, but S_n = sum_{j<=n} (A_j - mu) is a martingale with
-    increments |A_j - mu| <= k, and N <= n_max = rows * (budget - 1) (an iteration emits
-    at least one token). By Freedman's inequality |S_N| < t except with probability
-    1e-6, hence |AL - (1 + mu)| = |S_N| / N < t / N: about 0.16 here (n_max is ~2.2 N, so
-    that is ~8 standard errors), against a shift of 1 for an acceptance count off by one
-    per draft, or of ~0.8 for one that counts the first rejected token. Per position,
-    the same with Bernoulli(a^(i+1)) increments (bound 1): about 0.06."""
+    Rows draft k = 3 tokens except near the end of their budget, where a row with r
+    tokens to go drafts r - 1 (it could keep no more), so the expectation is taken over
+    the drafts as counted: E[accepted] = sum_i a^(i+1) drafted_per_pos[i]. Noise bound:
+    d_j is known before draft j is verified, so S_n = sum_{j<=n} (A_j - E[A | d_j]) is a
+    martingale with increments bounded by k and conditional variance at most var_k =
+    sum_{i,j<=k} a^max(i,j) - mu_k^2 (the largest over d <= k here), and the number of
+    drafts N <= n_max = rows * (budget - 1) (an iteration emits at least one token).
+    By Freedman's inequality |S_N| < t except with probability 1e-6, hence
+    |AL - (1 + E[accepted] / N)| < t / N: about 0.16 here (n_max is ~2.2 N, so that is
+    ~8 standard errors), against a shift of 1 for an acceptance count off by one per
+    draft, or of ~0.8 for one that counts the first rejected token. Per position, the
+    same with Bernoulli(a^(i+1)) increments (bound 1): about 0.06."""
     k, eps, rows, budget = 3, 0.4, 128, 64
     a = 1 - eps
     eng = Engine(target, EngineConfig(max_batch=rows), _Diluted(target, eps), FixedDepth(k))
@@ -168,20 +171,25 @@ def test_acceptance_length_of_a_drafter_with_known_acceptance(target):
     eng.generate([Request(PROMPT, p) for p in params])
     s = eng.stats
     N = s.drafts
-    # counted: every row verifies k drafts at every iteration; an iteration emits its
-    # accepted drafts + 1, all of them but in a row's last, which the budget may cut
-    assert s.depth_hist == [0] * k + [s.target_forwards]
-    assert N == s.row_forwards and s.draft_tokens == k * N and s.drafted_per_pos == [N] * k
+    # counted: a row drafts k tokens until its budget leaves fewer to keep, then r - 1
+    assert sum(s.depth_hist) == s.target_forwards and s.depth_hist[k] > 0.9 * s.target_forwards
+    assert s.drafted_per_pos[0] == N and s.draft_tokens == sum(s.drafted_per_pos)
+    assert s.drafted_per_pos == sorted(s.drafted_per_pos, reverse=True)
+    assert N > 0.98 * s.row_forwards  # at most the last iteration of a row drafts nothing
+    # every verified token is kept: an iteration emits its accepted drafts + 1, and no
+    # row drafts past its budget
     assert s.emitted_tokens == rows * (budget - 1)  # + the prefill token per row
-    assert 0 <= s.accepted_tokens + N - s.emitted_tokens <= rows * k
+    assert s.emitted_tokens == s.accepted_tokens + s.row_forwards
     # statistical: the exact expectation within the bound
     reach = [a ** (i + 1) for i in range(k)]  # P(the first i+1 accepted)
+    expected = 1 + sum(r * d for r, d in zip(reach, s.drafted_per_pos, strict=True)) / N
     mu = sum(reach)
     var = sum(a ** max(i, j) for i in range(1, k + 1) for j in range(1, k + 1)) - mu**2
     n_max = rows * (budget - 1)
     tol = _freedman(var, k, n_max) / N
     assert tol < 0.2  # tight enough to see a count off by one
-    assert abs(s.acceptance_length - (1 + mu)) < tol, (s.acceptance_length, 1 + mu, tol)
+    assert abs(expected - (1 + mu)) < 0.05  # few drafts are cut short by the budget
+    assert abs(s.acceptance_length - expected) < tol, (s.acceptance_length, expected, tol)
     for got, want in zip(s.per_position, reach, strict=True):
         assert abs(got - want) < _freedman(want * (1 - want), 1, n_max) / N, (got, want)
 
@@ -260,6 +268,22 @@ def test_context_limit_reached_mid_draft(target):
         assert r[0].token_ids == plain.token_ids and r[0].finish_reason == "context"
 
 
+def test_no_row_drafts_more_than_its_budget_keeps(target):
+    """k = 50 with 8 tokens to generate (the target drafting for itself, so every draft
+    is accepted): rows draft at most what their budget keeps, and the acceptance length
+    never exceeds the tokens an iteration emitted (it once read 51 for 8 tokens)."""
+    eng = Engine(target, drafter=DraftModelDrafter(target), depth=FixedDepth(50))
+    params = [SamplingParams(1.0, max_new_tokens=n, stop_token_ids=(), seed=n) for n in (8, 3)]
+    res = eng.generate([Request(PROMPT, p) for p in params])
+    s = eng.stats
+    assert [len(r.token_ids) for r in res] == [8, 3]
+    # the prefill token, then one iteration: 6 and 1 drafts, all accepted, + the bonus
+    assert s.target_forwards == 1 and s.depth_hist[-1] == 1 and len(s.depth_hist) == 7
+    assert s.drafted_per_pos == [2] + [1] * 5 and s.accepted_tokens == s.draft_tokens == 7
+    assert s.emitted_tokens == 7 + 2  # every verified token kept
+    assert [r.spec.acceptance_length for r in res] == [7, 2]  # = the tokens it emitted
+
+
 def test_metrics_and_collapse_warning(target):
     eng = Engine(target, drafter=DraftModelDrafter(related_draft(target)), depth=FixedDepth(3))
     res = eng.generate([Request(PROMPT, SamplingParams(1.0, max_new_tokens=30, seed=0))])
@@ -268,14 +292,20 @@ def test_metrics_and_collapse_warning(target):
     assert (s.draft_tokens, s.accepted_tokens) == (r.draft_tokens, r.accepted_tokens)
     assert s.per_position == r.per_position and s.acceptance_length == r.acceptance_length
     assert s.emitted_tokens + 1 == len(res[0].token_ids)  # + the prefill token
-    F = s.target_forwards  # one row, 3 drafts verified at every iteration
-    assert s.depth_hist == [0, 0, 0, F] and s.drafts == s.row_forwards == F
-    assert s.draft_tokens == 3 * F and s.drafted_per_pos == [F] * 3
-    assert sum(s.accepted_per_pos) == s.accepted_tokens
-    # an iteration emits its accepted drafts + 1 (recovered or bonus): all of them but in
-    # the last one, which the budget (or a stop token) may cut to a single token
+    F = s.target_forwards  # one row: 3 drafts at every iteration, fewer near its budget
+    assert sum(s.depth_hist) == F == s.row_forwards and s.depth_hist[3] >= F - 3
+    # only an iteration with a single token to go decodes plainly
+    assert s.depth_hist[0] <= 1 and s.drafts == F - s.depth_hist[0]
+    assert (
+        s.draft_tokens == sum(s.drafted_per_pos) == sum(i * n for i, n in enumerate(s.depth_hist))
+    )
+    assert s.drafted_per_pos[0] == s.drafts and sum(s.accepted_per_pos) == s.accepted_tokens
+    # an iteration emits its accepted drafts + 1 (recovered or bonus), all kept unless a
+    # stop token cuts the last one: no row drafts more than its budget can keep
     assert 0 <= s.accepted_tokens + F - s.emitted_tokens <= 3
-    assert s.acceptance_length == 1 + s.accepted_tokens / F
+    if res[0].finish_reason == "length":
+        assert s.emitted_tokens == s.accepted_tokens + F
+    assert s.acceptance_length == 1 + s.accepted_tokens / s.drafts
     assert s.per_position == sorted(s.per_position, reverse=True)  # cumulative
 
     # a drafter that always proposes a token greedy decoding (almost) never emits
@@ -306,8 +336,10 @@ def test_compare_spec_scores_each_mode_by_its_own_tokens(target, monkeypatch):
     # a clock that ticks only when read: runs of 1 s (plain), 2 s (spec), then 4 s and 1 s
     ticks = iter([0.0, 1.0, 10.0, 12.0, 20.0, 24.0, 30.0, 31.0])
     monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    # 25 tokens = the prefill's + 6 iterations of 3 drafts and a bonus: no row's budget
+    # clamps its depth, so every iteration drafts k = 3
     reqs = [
-        Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(5,), seed=s))
+        Request(PROMPT, SamplingParams(1.0, max_new_tokens=25, stop_token_ids=(5,), seed=s))
         for s in range(6)
     ]
     drafter = {"self": DraftModelDrafter(target)}

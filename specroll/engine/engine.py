@@ -268,11 +268,14 @@ class Engine:
         # mirror: the sum of < 2^24 is exact in fp32, so this is the same rounded quotient
         mean_ctx = float(np.float32(sum(pos_host) / B))
         k = self.depth.choose(B, mean_ctx)
-        # every row's k+1 positions must fit the cache and the context window
+        # every row's k+1 positions must fit the cache and the context window, and no
+        # row drafts a token its budget could not keep: with r tokens to go, r - 1 drafts
+        # and the bonus token fill it (so acceptance counts only what could be emitted)
         room = min(ctx, self.cache.max_len) - 1 - max(pos_host)
-        k = max(0, min(k, room))
+        k = max(0, min(k, room, max(st.left_host[:B]) - 1))
         num_draft = st.max_draft[:B].clamp(max=k)  # [B] per-request cap, -1 = no cap
         num_draft = torch.where(num_draft < 0, k, num_draft)
+        num_draft = torch.minimum(num_draft, st.max_new[:B] - st.n_gen[:B] - 1)
         drafts, probs = torch.zeros(B, k, **long), None
         if k > 0:
             t = time.perf_counter()
@@ -362,7 +365,7 @@ class Engine:
         h_emit, h_count, h_finish, h_draft, h_acc, h_last = (
             host[i * n : (i + 1) * n] for i in range(6)
         )
-        st.mirror(span, h_emit, h_finish)
+        st.mirror(span, h_emit, h_count, h_finish)
         total = sum(h_count)
         if observe:  # decode/verify forward (prefill is not a speculation step)
             per_pos = host[6 * n :]

@@ -66,6 +66,8 @@ class Slots:
         """pos of each slot, on the host."""
         self.finish_host = [NONE] * n
         """finish of each slot, on the host."""
+        self.left_host = [0] * n
+        """tokens each slot may still generate (max_new - n_gen), on the host."""
         self.params_host = [(1.0, 0, 1.0)] * n
         """(temperature, top_k, top_p) of each slot, on the host (`Hints`)."""
 
@@ -86,7 +88,13 @@ class Slots:
     def move(self, src: int, dst: int) -> None:
         for t in self.tensors():
             t[dst] = t[src]
-        for host in (self.request, self.pos_host, self.finish_host, self.params_host):
+        for host in (
+            self.request,
+            self.pos_host,
+            self.finish_host,
+            self.left_host,
+            self.params_host,
+        ):
             host[dst] = host[src]
 
     def admit(self, b: int, p: SamplingParams, j: int, seed: int, stops: tuple[int, ...]) -> None:
@@ -99,6 +107,7 @@ class Slots:
         self.drafts[b] = self.draft_tokens[b] = self.accepted[b] = 0
         self.accepted_pos[b] = self.drafted_pos[b] = 0
         self.max_new[b] = p.max_new_tokens
+        self.left_host[b] = p.max_new_tokens
         self.seed[b] = seed
         self.temperature[b] = p.temperature
         self.top_k[b] = p.top_k
@@ -199,11 +208,12 @@ class Slots:
         self.drafted_pos[rows, :K] += drafted.long()
         return drafted
 
-    def mirror(self, span: range, emitted: list[int], finish: list[int]) -> None:
+    def mirror(self, span: range, emitted: list[int], count: list[int], finish: list[int]) -> None:
         """Bring the host mirrors of `span`'s slots up to date with an iteration's
-        emitted tokens and finish codes, as read back once by the engine."""
-        for b, e, f in zip(span, emitted, finish, strict=True):
+        emitted and kept tokens and finish codes, as read back once by the engine."""
+        for b, e, c, f in zip(span, emitted, count, finish, strict=True):
             self.pos_host[b] += e
+            self.left_host[b] -= c
             self.finish_host[b] = f
 
     def finished(self, B: int) -> dict[int, str]:
