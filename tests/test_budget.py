@@ -215,3 +215,21 @@ def test_engine_refuses_a_depth_past_the_window_and_bounds_the_budget(tiny_model
     prompt = [1 + i % 90 for i in range(ctx - 8)]
     (res,) = Engine(tiny_model).generate([Request(prompt, params)])
     assert res.finish_reason == "context" and len(res.token_ids) == ctx - len(prompt)
+
+
+def test_a_trainer_built_from_python_meets_the_same_bounds(tiny_setup, tmp_path, monkeypatch):
+    """The Python API refuses what the command line refuses, before any engine sizes
+    its buffers (the slot buffers are watched: none may be built)."""
+    from specroll.rl.run.trainer import Trainer
+
+    policy, tok = tiny_setup
+    built = []
+    monkeypatch.setattr(Slots, "__init__", lambda *a, **k: built.append(a))
+    out = f"pipeline.out_dir={tmp_path / 'run'}"
+    cfg = build_config("tiny", [out, "rollout.max_new_tokens=100000"])
+    with pytest.raises(ValueError, match="context window of 512 tokens"):
+        Trainer(cfg, policy, tok, None)
+    monkeypatch.setattr(budget, "available_memory", lambda device, installed=False: 64 << 20)
+    with pytest.raises(ValueError, match="this run needs an estimated"):
+        Trainer(build_config("tiny", [out]), policy, tok, None)
+    assert not built

@@ -367,14 +367,21 @@ def check_run(cfg: TrainConfig, items: list | None = None) -> str | None:
     cannot fit in what the devices have is refused; one that exceeds what is free now
     (other processes may end, the estimate is generous) gets the returned warning.
     items: a file task's problems."""
-    model = read_model_config(cfg.policy.model)
+    parts = check_loaded(cfg, read_model_config(cfg.policy.model), items)
+    short = memory_shortfall(parts, _memory(_devices(cfg), installed=False), "free now")
+    return f"{short}: it may not fit" if short else None
+
+
+def check_loaded(cfg: TrainConfig, model: ModelConfig, items: list | None = None) -> list[Part]:
+    """The refusals of `check_run` for a policy whose config is at hand (a `Trainer`
+    built from Python, where the command line's check did not run): the bounds, and the
+    estimate against the memory the devices have. Returns the estimate's parts."""
     prompt = prompt_tokens(cfg, items)
     check_bounds(cfg, model, prompt)
     devices = _devices(cfg)
     parts = estimate(cfg, model, prompt, devices)
     check_memory(parts, _memory(devices, installed=True), "this machine has")
-    short = memory_shortfall(parts, _memory(devices, installed=False), "free now")
-    return f"{short}: it may not fit" if short else None
+    return parts
 
 
 def peak_estimate(cfg: TrainConfig, model: ModelConfig, prompt: int) -> int:

@@ -55,15 +55,15 @@ class Task:
 
     def __init__(self, cfg: TrainConfig, tok) -> None:
         self.cfg, self.tok = cfg, tok
-        self._file_items = task_items(cfg)
+        self.file_items = task_items(cfg)
 
     def problems(self, step: int) -> list[Problem]:
         """The prompts of `step` (a pure function of seed and step)."""
         d, seed = self.cfg.data, self.cfg.pipeline.seed
         P = d.prompts_per_step
-        if self._file_items is None:
+        if self.file_items is None:
             return math_problems((step + 1) * P, seed, d.levels)[step * P :]
-        train = self._file_items[: len(self._file_items) - d.val_size]
+        train = self.file_items[: len(self.file_items) - d.val_size]
         out = []
         for i in range(step * P, (step + 1) * P):
             epoch, j = divmod(i, len(train))
@@ -74,8 +74,8 @@ class Task:
     def validation(self) -> list[Problem]:
         """The held-out problems (the file's last `val_size`, or their own math stream)."""
         d = self.cfg.data
-        if self._file_items is not None:
-            return self._file_items[len(self._file_items) - d.val_size :]
+        if self.file_items is not None:
+            return self.file_items[len(self.file_items) - d.val_size :]
         return math_problems(d.val_size, self.cfg.pipeline.seed + VAL_SEED_OFFSET, d.levels)
 
     def step_requests(self, step: int) -> list[Request]:

@@ -29,6 +29,7 @@ from specroll.model.transformer import Transformer
 from specroll.rl.algo import loss
 from specroll.rl.algo.batch import Batch
 from specroll.rl.algo.old_logprobs import OldLogprobs
+from specroll.rl.budget import check_loaded
 from specroll.rl.config import TrainConfig
 from specroll.rl.errors import NonFiniteError, Stopped
 from specroll.rl.learner import build_host
@@ -61,6 +62,8 @@ class Trainer:
         torch.manual_seed(cfg.pipeline.seed)
         self.task = Task(cfg, tok)
         """What each step samples: problems, requests and their seeds, rewards."""
+        # a run built from Python meets the bounds the command line checks (`rl.budget`)
+        check_loaded(cfg, policy.cfg, self.task.file_items)
         # the prompts a backend measures its hardware profile on (adaptive depth)
         prompts = [encode(tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)]
         self.rollout = build_rollout(cfg, policy, draft, prompts, log)
