@@ -225,6 +225,27 @@ def test_sigterm_saves_and_the_resumed_run_repeats_the_uninterrupted_one(home, f
     assert _comparable(_rows(out)) == _comparable(_rows(finished))
 
 
+def test_a_run_stopped_after_its_first_validation_logs_it_once(
+    home, finished, tmp_path, monkeypatch
+):
+    """Found by the soak: SIGTERM during step 1 saved step 0 and the resumed run
+    validated again, logging step 0 twice."""
+    out = tmp_path / "run"
+    t = _trainer(out, "pipeline.steps=4")
+    validate = t.validate
+
+    def then_stop() -> float:
+        accuracy = validate()
+        os.kill(os.getpid(), signal.SIGTERM)
+        return accuracy
+
+    monkeypatch.setattr(t, "validate", then_stop)
+    with pytest.raises(KeyboardInterrupt, match="step-000000"):
+        t.run()
+    _trainer(out, "pipeline.steps=4").run(resume=True)
+    assert _comparable(_rows(out)) == _comparable(_rows(finished))
+
+
 def test_a_second_signal_stops_at_once_and_says_there_is_no_new_checkpoint(home, tmp_path):
     t = _trainer(tmp_path / "run", "pipeline.steps=4")
     with pytest.raises(KeyboardInterrupt, match="second Ctrl-C.*without a checkpoint.*step-000002"):

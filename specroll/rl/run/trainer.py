@@ -255,7 +255,9 @@ class Trainer:
     def _loop(self, run_dir: rundir.RunDir, writer, history: list, on_step) -> None:
         """Steps until `pipeline.steps`: validation, metrics, checkpoints."""
         cfg = self.cfg
-        if self.step == 0 and cfg.data.val_size:  # the starting accuracy, for reference
+        # the starting accuracy, for reference (once: a run stopped after it and resumed
+        # from its step-0 checkpoint has it logged already)
+        if self.step == 0 and cfg.data.val_size and not run_dir.rows():
             m0 = {"step": 0, "val_accuracy": self.validate()}
             run_dir.append(m0)
             history.append(m0)
