@@ -24,7 +24,7 @@ def _config(args: argparse.Namespace):
             overrides.insert(0, f"{side}.device={args.device}")
         if args.dtype:
             overrides.insert(0, f"{side}.dtype={args.dtype}")
-    return build_config(args.preset, overrides)
+    return build_config(args.preset, overrides, tuple(args.config or ()))
 
 
 def _plan(cfg, args: argparse.Namespace, budget: bool = True):
@@ -152,26 +152,50 @@ def _train(args: argparse.Namespace, cfg, plan) -> None:
     )
 
 
-def add_parser(sub) -> None:
-    """train"""
-    tr = sub.add_parser("train", help="GRPO/DAPO training with speculative rollouts")
-    tr.add_argument("--preset", default="default", help="default, tiny, or a YAML file")
-    tr.add_argument(
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """The arguments that make a run's configuration, in the order they apply: the
+    preset, each --config file over it, the shorthands, then each --set."""
+    p.add_argument(
+        "--preset",
+        default="default",
+        help="default, tiny, or a YAML file of every setting (fields it omits take the "
+        "dataclass defaults; to change a few settings of a preset use --config)",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        metavar="FILE",
+        help="YAML file layered over the preset: the fields it sets replace the preset's, "
+        "the rest stay (repeatable, later files win)",
+    )
+    p.add_argument(
         "--set", action="append", metavar="SECTION.KEY=VALUE", help="override (repeatable)"
     )
-    tr.add_argument("--steps", type=int, help="shorthand for --set pipeline.steps=N")
-    tr.add_argument("--out", help="shorthand for --set pipeline.out_dir=DIR")
-    tr.add_argument(
+    p.add_argument("--steps", type=int, help="shorthand for --set pipeline.steps=N")
+    p.add_argument("--out", help="shorthand for --set pipeline.out_dir=DIR")
+    p.add_argument(
         "--device",
         help="auto, cpu, cuda or cuda:N for rollouts and learner (shorthand for "
         "--set rollout.device=D --set learner.device=D; a --set overrides it per side)",
     )
-    tr.add_argument(
+    p.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
         help="rollout and learner dtype (shorthand for --set rollout.dtype=T --set "
         "learner.dtype=T)",
     )
+
+
+def add_parser(sub) -> None:
+    """train"""
+    tr = sub.add_parser(
+        "train",
+        help="GRPO/DAPO training with speculative rollouts",
+        description="GRPO/DAPO training with speculative rollouts. `specroll config` with "
+        "the same --preset/--config/--set prints the resolved configuration, every field "
+        "with its documentation.",
+    )
+    add_config_args(tr)
     tr.add_argument(
         "--resume", action="store_true", help="continue this run from its latest checkpoint"
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 from specroll.device import check_device_name, check_dtype_name
 from specroll.drafters.trainable import KINDS
-from specroll.rl.config_io import apply_overrides, build_sections, read_yaml
+from specroll.rl.config_io import apply_overrides, build_sections, check_names, layer, read_yaml
 from specroll.tasks.arithmetic import LEVELS
 
 PRESETS = Path(__file__).parent / "presets"
@@ -404,6 +404,18 @@ def load_preset(name: str) -> dict[str, Any]:
     return read_yaml(path)
 
 
-def build_config(preset: str = "default", overrides: list[str] | None = None) -> TrainConfig:
-    """Preset (name or YAML path) + overrides → validated TrainConfig."""
-    return from_dict(apply_overrides(load_preset(preset), overrides or []))
+def build_config(
+    preset: str = "default", overrides: list[str] | None = None, configs: tuple[str, ...] = ()
+) -> TrainConfig:
+    """Preset (name or YAML path), then each `--config` file layered over it (a field a
+    file does not set keeps the preset's value), then the overrides → TrainConfig."""
+    raw = load_preset(preset)
+    for name in configs:
+        path = Path(name)
+        if not path.is_file():
+            what = "a directory" if path.is_dir() else "not a file"
+            raise ValueError(f"--config {name}: {what if path.exists() else 'does not exist'}")
+        top = read_yaml(path)
+        check_names(top, SECTIONS, f"--config {name}")
+        raw = layer(raw, top)
+    return from_dict(apply_overrides(raw, overrides or []))

@@ -5,9 +5,12 @@ and list what is allowed."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
+import inspect
 import math
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -73,6 +76,34 @@ def _yaml_where(e: yaml.YAMLError) -> str:
     return out
 
 
+def layer(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` over `base`, field by field: a section `top` names keeps the fields of
+    `base` it does not set (a user's file changes what it says, nothing else)."""
+    out = {k: dict(v or {}) for k, v in base.items()}
+    for section, values in top.items():
+        out.setdefault(section, {}).update(values or {})
+    return out
+
+
+def field_docs(cls: type) -> tuple[str, dict[str, str]]:
+    """(class docstring, {field: docstring}) of a dataclass whose fields carry a string
+    literal under them, the convention of this project's configs (Python keeps no such
+    attribute docstrings at run time, so they are read from the source)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return inspect.getdoc(cls) or "", docs
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply 'section.key=value' strings (value parsed as YAML) to a raw mapping."""
     out = {k: dict(v or {}) for k, v in raw.items()}
@@ -88,22 +119,33 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def build_sections(raw: dict[str, Any], sections: dict[str, type]) -> dict[str, Any]:
     """{section: dataclass instance} from {section: {field: value}}; unknown names are
     errors, and each value is checked against its field's annotation."""
+    check_names(raw, sections)
     kwargs = {}
     for name, values in (raw or {}).items():
-        if name not in sections:
-            raise ValueError(f"unknown config section {name!r}; sections: {', '.join(sections)}")
-        if not isinstance(values, dict):
-            raise ValueError(f"config section {name!r} must be a mapping, got {values!r}")
         cls = sections[name]
         fields = {f.name: f.type for f in dataclasses.fields(cls)}
-        args = {}
-        for key, value in values.items():
-            if key not in fields:
-                allowed = ", ".join(fields)
-                raise ValueError(f"unknown config key {name}.{key}; {name} has: {allowed}")
-            args[key] = _coerce(f"{name}.{key}", value, fields[key])
+        args = {key: _coerce(f"{name}.{key}", v, fields[key]) for key, v in values.items()}
         kwargs[name] = cls(**args)
     return kwargs
+
+
+def check_names(raw: dict[str, Any], sections: dict[str, type], where: str = "") -> None:
+    """ValueError (prefixed with `where`, e.g. the file that says it) for a section or a
+    field that does not exist, listing the ones that do."""
+    at = f"{where}: " if where else ""
+    for name, values in (raw or {}).items():
+        if name not in sections:
+            raise ValueError(
+                f"{at}unknown config section {name!r}; sections: {', '.join(sections)}"
+            )
+        if not isinstance(values, dict):
+            raise ValueError(f"{at}config section {name!r} must be a mapping, got {values!r}")
+        fields = [f.name for f in dataclasses.fields(sections[name])]
+        for key in values:
+            if key not in fields:
+                raise ValueError(
+                    f"{at}unknown config key {name}.{key}; {name} has: {', '.join(fields)}"
+                )
 
 
 def _coerce(where: str, value: Any, typ: Any) -> Any:
