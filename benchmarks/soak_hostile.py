@@ -1,0 +1,393 @@
+"""Soak of hostile use (issue 30): random runs of `specroll train --preset tiny`.
+
+Each case draws one of five kinds of trouble, with random valid settings underneath:
+
+  valid    a run to its end
+  invalid  one setting out of bounds, non-finite, mistyped or unknown: refused in one line
+  signal   SIGINT or SIGTERM at a random moment (start-up, a step, a save, the end), then
+           `--resume`: the finished metrics must equal an uninterrupted run's
+  damage   the newest checkpoint truncated, emptied, corrupted or stripped of its meta,
+           then `--resume` for more steps: the previous good checkpoint takes over and
+           the metrics equal an uninterrupted run's
+  foreign  files of the user's in the output directory: a fresh run must refuse them
+
+Every case also keeps a directory of user files next to the run's; all of them must be
+byte-identical afterwards. Counted: tracebacks (target 0), runs that lost a completed
+step (a logged step missing or changed after the resume, against the uninterrupted
+reference; target 0), user files touched (target 0), unexpected exit codes, hangs, and
+each case's peak resident memory (the largest of its processes, from wait4).
+
+    python benchmarks/soak_hostile.py --cases 50 --seed 0
+
+The last line is a JSON object with the counts and the configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KINDS = ("valid", "invalid", "signal", "damage", "foreign")
+VALID = {  # setting: values drawn from (all within bounds)
+    "rollout.k": [1, 3, 5],
+    "rollout.max_new_tokens": [8, 24, 40],
+    "rollout.speculative": ["true", "false"],
+    "data.group_size": [2, 4],
+    "data.prompts_per_step": [2, 4],
+    "pipeline.checkpoint_every": [1, 2, 3],
+    # slots are min(max_batch, requests): a huge value sizes nothing
+    "rollout.max_batch": [1, 4, 100000000],
+    "loss.drop_uniform_groups": ["true", "false"],
+}
+INVALID = [  # (setting, exit code the run must end with)
+    ("rollout.k=100000000", 2),
+    ("rollout.max_new_tokens=100000000", 2),
+    ("rollout.max_new_tokens=100000", 2),
+    ("policy.micro_batch=0", 2),
+    ("policy.lr=inf", 2),
+    ("policy.lr=nan", 2),
+    ("policy.lr=1e30", 1),  # finite, but the update is not: the learner's guard stops it
+    ("rollout.temperature=-1", 2),
+    ("rollout.k=-1", 2),
+    ("rollout.k=three", 2),
+    ("data.group_size=0", 2),
+    ("data.task=/nonexistent/problems.jsonl", 2),
+    ("learner.ranks=100000", 2),
+    ("rollout.depth=bogus", 2),
+    ("no_such.section=1", 2),
+    ("pipeline.steps=-4", 2),
+]
+DAMAGE = ("truncate", "empty", "garbage", "no_meta", "empty_meta", "tmp_left")
+TIMEOUT_S = 300
+NON_TIMING = ("time", "step_s", "gen_tok_s", "gen_busy_s", "exposed_gen_s", "elapsed")
+
+
+@dataclass
+class Outcome:
+    kind: str
+    detail: str
+    exits: list[int] = field(default_factory=list)
+    peak_rss_mb: float = 0.0
+    tracebacks: int = 0
+    lost_steps: int = 0
+    touched: int = 0
+    unexpected: list[str] = field(default_factory=list)
+    hangs: int = 0
+
+
+class Soak:
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root, self.env = root, env
+        self.references: dict[tuple, list[dict]] = {}
+
+    # ---------------------------------------------------------------- processes
+
+    def train(self, out: Path, args: list[str], o: Outcome, signal_after: float | None = None):
+        """Run `specroll train --preset tiny --out OUT ARGS`; returns (exit code, stderr).
+        A signal (SIGINT or SIGTERM, chosen by the caller) is sent `signal_after` seconds
+        in when given as (delay, signum)."""
+        cmd = [sys.executable, "-m", "specroll.cli", "train", "--preset", "tiny"]
+        cmd += ["--out", str(out), *args]
+        with tempfile.TemporaryFile() as log:
+            p = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            t0 = time.monotonic()
+            done = None
+            if signal_after is not None:
+                delay, signum = signal_after
+                while time.monotonic() - t0 < delay and done is None:
+                    done = _reap(p)
+                    time.sleep(0.02)
+                if done is None:
+                    p.send_signal(signum)
+            rc, rss = done or _wait(p, t0)
+            log.seek(0)
+            text = log.read().decode(errors="replace")
+        if rc is None:
+            o.hangs += 1
+            rc = -9
+        o.exits.append(rc)
+        o.peak_rss_mb = max(o.peak_rss_mb, rss / 1024)
+        if "Traceback" in text:
+            o.tracebacks += 1
+            o.unexpected.append(f"traceback in {' '.join(args)}: {text[-400:]}")
+        return rc, text
+
+    def reference(self, settings: list[str], steps: int) -> list[dict]:
+        """The uninterrupted run's metrics (non-timing keys) for these settings."""
+        key = (tuple(settings), steps)
+        if key not in self.references:
+            out = self.root / f"ref-{len(self.references)}"
+            o = Outcome("reference", "")
+            rc, text = self.train(out, ["--steps", str(steps), *_sets(settings)], o)
+            if rc != 0 or o.tracebacks:
+                raise RuntimeError(f"reference run failed ({rc}): {text[-800:]}")
+            self.references[key] = metrics(out)
+            shutil.rmtree(out)
+        return self.references[key]
+
+    # ---------------------------------------------------------------- cases
+
+    def case(self, i: int, kind: str, rng: random.Random) -> Outcome:
+        work = self.root / f"case-{i:03d}"
+        user = work / "user"
+        user.mkdir(parents=True)
+        for name in ("notes.txt", "data.jsonl"):
+            (user / name).write_text(f"the user's {name} {rng.random()}\n")
+        before = _hashes(user)
+        out = work / "run"
+        settings = [f"{k}={rng.choice(v)}" for k, v in VALID.items() if rng.random() < 0.5]
+        settings.append("rollout.depth=fixed")
+        o = getattr(self, kind)(out, settings, rng)
+        o.touched += sum(_hashes(user).get(k) != v for k, v in before.items())
+        shutil.rmtree(work)
+        return o
+
+    def valid(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+        steps = rng.randint(2, 5)
+        o = Outcome("valid", " ".join(settings))
+        rc, text = self.train(out, ["--steps", str(steps), *_sets(settings)], o)
+        got = _steps(out)
+        if rc != 0 or got != list(range(1, steps + 1)):
+            o.unexpected.append(f"exit {rc}, steps {got} of {steps}: {text[-300:]}")
+        return o
+
+    def invalid(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+        bad, want = rng.choice(INVALID)
+        o = Outcome("invalid", bad)
+        rc, text = self.train(out, ["--steps", "3", *_sets([*settings, bad])], o)
+        last = text.strip().splitlines()[-1] if text.strip() else ""
+        if rc != want or not last.startswith("error:"):
+            o.unexpected.append(f"{bad}: exit {rc} (want {want}), last line {last!r}")
+        return o
+
+    def signal(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+        steps = rng.randint(6, 10)
+        signum = rng.choice([signal.SIGINT, signal.SIGTERM])
+        delay = rng.uniform(0.5, 12.0)
+        o = Outcome("signal", f"{signal.Signals(signum).name} at {delay:.1f}s, {steps} steps")
+        args = ["--steps", str(steps), *_sets(settings)]
+        rc, text = self.train(out, args, o, signal_after=(delay, signum))
+        # a signal that lands after the run's end (its "done:" line) ends the process
+        # by the default handler: -signum, with every step and output already written
+        ended = rc == -signum and "\ndone: " in text
+        if rc not in (0, 128 + signum) and not ended:
+            o.unexpected.append(f"exit {rc} after {o.detail}: {text[-300:]}")
+        logged = metrics(out) if (out / "metrics.jsonl").exists() else []
+        if rc != 0 and not ended:
+            if (out / "checkpoints").exists() and any((out / "checkpoints").iterdir()):
+                rc2, text2 = self.train(out, ["--resume", *args], o)
+            else:  # stopped before its first step: nothing to resume, start again
+                rc2, text2 = self.train(out, ["--overwrite", *args], o)
+            if rc2 != 0:
+                o.unexpected.append(f"resume exit {rc2}: {text2[-300:]}")
+        o.lost_steps += self.compare(out, settings, steps, logged, o)
+        return o
+
+    def damage(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+        steps = rng.randint(2, 4)
+        how = rng.choice(DAMAGE)
+        o = Outcome("damage", f"{how} after {steps} steps")
+        settings = [s for s in settings if not s.startswith("pipeline.checkpoint_every")]
+        settings.append("pipeline.checkpoint_every=1")
+        rc, text = self.train(out, ["--steps", str(steps), *_sets(settings)], o)
+        if rc != 0 or _steps(out) != list(range(1, steps + 1)):
+            o.unexpected.append(f"first run: exit {rc}, steps {_steps(out)}: {text[-300:]}")
+            return o
+        # a run validates at its end: the first run's last row gains a val_accuracy the
+        # longer run's row of that step does not have (not a change to a completed step)
+        logged = metrics(out)
+        logged[-1] = {k: v for k, v in logged[-1].items() if k != "val_accuracy"}
+        newest = sorted((out / "checkpoints").iterdir())[-1]
+        _damage(newest, how, rng)
+        more = steps + 2
+        rc2, text = self.train(out, ["--resume", "--steps", str(more), *_sets(settings)], o)
+        if rc != 0 or rc2 != 0:
+            o.unexpected.append(f"exits {rc}, {rc2}: {text[-300:]}")
+        if how != "tmp_left" and "skipped the damaged checkpoint" not in text:
+            o.unexpected.append(f"{how}: no word of the skipped checkpoint")
+        # the damaged step is recomputed: what the first run logged up to it must stand
+        o.lost_steps += self.compare(out, settings, more, logged, o)
+        return o
+
+    def foreign(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+        o = Outcome("foreign", "")
+        place = rng.choice(["notes.txt", "policy/notes.txt", "report.md", "metrics.jsonl"])
+        o.detail = place
+        (out / place).parent.mkdir(parents=True, exist_ok=True)
+        (out / place).write_text("the user's own file\n")
+        before = _hashes(out)
+        rc, text = self.train(out, ["--steps", "2", *_sets(settings)], o)
+        o.touched += sum(_hashes(out).get(k) != v for k, v in before.items())
+        # a file of a name the run writes (or inside a directory it owns) must be refused;
+        # any other may stay beside the run, untouched (counted above)
+        if place == "notes.txt":
+            if rc != 0:
+                o.unexpected.append(f"{place}: exit {rc}, {text[-300:]}")
+        elif rc != 2 or "error:" not in text:
+            o.unexpected.append(f"{place}: exit {rc}, {text[-300:]}")
+        return o
+
+    def compare(
+        self, out: Path, settings: list[str], steps: int, logged: list[dict], o: Outcome
+    ) -> int:
+        """Steps lost: logged before the trouble, missing or different in the run's final
+        metrics; those must also equal the uninterrupted run's."""
+        ref = self.reference(settings, steps)
+        final = metrics(out) if (out / "metrics.jsonl").exists() else []
+        lost = sum(m not in final for m in logged)
+        if final != ref:
+            o.unexpected.append(
+                f"final metrics differ from the uninterrupted run: {_diff(final, ref)}"
+            )
+        return lost
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _sets(settings: list[str]) -> list[str]:
+    return [a for s in settings for a in ("--set", s)]
+
+
+def _steps(out: Path) -> list[int]:
+    """The RL steps a run logged (step 0 is the validation before training)."""
+    if not (out / "metrics.jsonl").exists():
+        return []
+    return sorted({m["step"] for m in metrics(out) if m["step"] > 0})
+
+
+def _diff(got: list[dict], want: list[dict]) -> str:
+    """The first row where two metric logs part, and the keys that differ there."""
+    for i, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            return (
+                f"row {i} (step {a.get('step')}): "
+                + ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in keys)[:600]
+            )
+    return f"{len(got)} rows vs {len(want)}"
+
+
+def _reap(p: subprocess.Popen) -> tuple[int, int] | None:
+    """(exit code, peak RSS in KiB) of a child that has ended, else None (never through
+    Popen.poll, which would reap it and lose its resource usage)."""
+    pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+    if not pid:
+        return None
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, usage.ru_maxrss
+
+
+def _wait(p: subprocess.Popen, t0: float) -> tuple[int | None, int]:
+    """Exit code (None after TIMEOUT_S: killed) and peak RSS in KiB of one child."""
+    while time.monotonic() - t0 < TIMEOUT_S:
+        done = _reap(p)
+        if done:
+            return done
+        time.sleep(0.05)
+    p.kill()
+    _, _, usage = os.wait4(p.pid, 0)
+    return None, usage.ru_maxrss
+
+
+def metrics(out: Path) -> list[dict]:
+    """metrics.jsonl without its timing keys (wall time differs between runs)."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in m.items() if k not in NON_TIMING} for m in rows]
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _damage(ckpt: Path, how: str, rng: random.Random) -> None:
+    state, meta = ckpt / "state.pt", ckpt / "meta.json"
+    if how == "truncate":
+        data = state.read_bytes()
+        state.write_bytes(data[: rng.randint(0, len(data) - 1)])
+    elif how == "empty":
+        state.write_bytes(b"")
+    elif how == "garbage":
+        data = bytearray(state.read_bytes())
+        at = rng.randint(0, len(data) - 64)
+        data[at : at + 64] = bytes(rng.randrange(256) for _ in range(64))
+        state.write_bytes(bytes(data))
+    elif how == "no_meta":
+        meta.unlink()
+    elif how == "empty_meta":
+        meta.write_text("")
+    elif how == "tmp_left":  # a save cut short by a full disk leaves its staging dir
+        tmp = ckpt.parent / f".tmp-{ckpt.name}-x"
+        shutil.copytree(ckpt, tmp)
+        (tmp / "state.pt").write_bytes(b"\0" * 10)
+
+
+def run(cases: int, seed: int, root: Path) -> dict:
+    env = {**os.environ, "SPECROLL_HOME": str(root / "home"), "PYTHONUNBUFFERED": "1"}
+    soak = Soak(root, env)
+    rng = random.Random(seed)
+    outcomes = []
+    for i in range(cases):
+        kind = KINDS[i % len(KINDS)] if i < len(KINDS) else rng.choice(KINDS)
+        t = time.monotonic()
+        o = soak.case(i, kind, random.Random(rng.random()))
+        outcomes.append(o)
+        flag = "ok" if not (o.unexpected or o.tracebacks or o.lost_steps or o.touched) else "!!"
+        print(
+            f"[{i + 1}/{cases}] {flag} {o.kind:8s} {o.detail[:60]:60s} exits {o.exits} "
+            f"rss {o.peak_rss_mb:.0f} MB  {time.monotonic() - t:.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
+        for u in o.unexpected:
+            print(f"    {u}", file=sys.stderr)
+    rss = [o.peak_rss_mb for o in outcomes]
+    return {
+        "cases": cases,
+        "by_kind": {k: sum(o.kind == k for o in outcomes) for k in KINDS},
+        "tracebacks": sum(o.tracebacks for o in outcomes),
+        "lost_completed_steps": sum(o.lost_steps for o in outcomes),
+        "user_files_touched": sum(o.touched for o in outcomes),
+        "unexpected": sum(bool(o.unexpected) for o in outcomes),
+        "hangs": sum(o.hangs for o in outcomes),
+        "peak_rss_mb": {
+            "median": round(statistics.median(rss), 1),
+            "max": round(max(rss), 1),
+            "each": [round(r) for r in rss],
+        },
+        "config": {"seed": seed, "preset": "tiny", "timeout_s": TIMEOUT_S},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="specroll-soak-"))
+    try:
+        print(json.dumps(run(args.cases, args.seed, root)))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
