@@ -120,7 +120,7 @@ def _train(args: argparse.Namespace, cfg, plan) -> None:
     path = common.resolve_model_dir(cfg.policy.model)
     policy, tok = common.load_dir(path)
     draft = _draft(cfg, policy, tok, path)
-    trainer = Trainer(cfg, policy, tok, draft, log=common.console.print)
+    trainer = Trainer(cfg, policy, tok, draft, log=common.log)
     common.console.print(
         f"[bold]specroll train[/] preset={args.preset} model={cfg.policy.model} "
         f"steps={cfg.pipeline.steps} speculative={cfg.rollout.speculative} "

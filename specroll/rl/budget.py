@@ -35,6 +35,8 @@ GiB = 1 << 30
 PROMPT_OVERHEAD_TOKENS = 64
 """Tokens a chat template adds around a prompt (markers, SmolLM2's default system turn:
 about 30), on top of one token per UTF-8 byte of the prompt text."""
+MESSAGE_OVERHEAD_TOKENS = 16
+"""Tokens a chat template adds per further message (a system prompt, earlier turns)."""
 RUNTIME_BYTES = GiB // 2
 """Python, torch, the tokenizer and allocator slack: a fixed allowance."""
 MATH_SAMPLE = 512
@@ -116,20 +118,38 @@ def _gguf_config(path: Path) -> ModelConfig:
 
 
 def prompt_tokens(cfg: TrainConfig, items: list | None = None) -> int:
-    """An upper bound on a prompt's tokens: one per UTF-8 byte of the longest prompt and
-    response prefix (byte-level BPE and character tokenizers never make more), plus the
-    chat template's `PROMPT_OVERHEAD_TOKENS`. items: a file task's problems
-    (`task_items`); None samples the procedural math task."""
-    if items is None:
+    """An upper bound on a prompt's tokens: one per UTF-8 byte of the longest
+    conversation (`data.system_prompt` and every message) and response prefix (byte-level
+    BPE and character tokenizers never make more), plus the chat template's
+    `PROMPT_OVERHEAD_TOKENS` and `MESSAGE_OVERHEAD_TOKENS` per further message. items:
+    the data files' problems (`task_items`); the procedural math task is sampled when it
+    is the training data."""
+    from specroll.tasks.sets import chat
+
+    items = list(items or [])
+    if not cfg.data.train_file:
         from specroll.tasks.sets import math_problems
 
         n = MATH_SAMPLE * len(cfg.data.levels)
-        items = math_problems(n, cfg.pipeline.seed, cfg.data.levels)
-    longest = max((len((p.prompt + p.response_prefix).encode()) for p in items), default=0)
-    return longest + PROMPT_OVERHEAD_TOKENS
+        items += math_problems(n, cfg.pipeline.seed, cfg.data.levels)
+
+    def size(p) -> int:
+        messages = chat(p, cfg.data.system_prompt)
+        text = sum(len(m["content"].encode()) for m in messages)
+        return (
+            text + len(p.response_prefix.encode()) + MESSAGE_OVERHEAD_TOKENS * (len(messages) - 1)
+        )
+
+    return max((size(p) for p in items), default=0) + PROMPT_OVERHEAD_TOKENS
 
 
 # ---------------------------------------------------------------------- the bounds
+
+
+def _data_field(cfg: TrainConfig) -> str:
+    """'data.train=...' or 'data.task=...': the setting the prompts come from."""
+    d = cfg.data
+    return f"data.train={d.train!r}" if d.train else f"data.task={d.task!r}"
 
 
 def check_bounds(cfg: TrainConfig, model: ModelConfig, prompt: int) -> None:
@@ -141,8 +161,8 @@ def check_bounds(cfg: TrainConfig, model: ModelConfig, prompt: int) -> None:
     where = f"the policy's context window of {ctx} tokens"
     if prompt + 2 > ctx:
         raise ValueError(
-            f"data.task={cfg.data.task!r}: prompts of up to {prompt} tokens (an upper "
-            f"bound) leave no room for a response in {where}"
+            f"{_data_field(cfg)}: prompts of up to {prompt} tokens (an upper bound) leave "
+            f"no room for a response in {where}"
         )
     if r.k > ctx - prompt - 1:
         raise ValueError(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 RESPONSE_PREFIX = "Answer:"
 """Start of every reply, written by the prompt (not generated); the reward reads it too."""
@@ -43,6 +43,12 @@ class Problem:
     """Stable id: level-seed-index (or file:line)."""
     response_prefix: str = RESPONSE_PREFIX
     """Text the reply starts with, placed after the assistant header ("" = none)."""
+    messages: tuple = field(default=(), hash=False)
+    """The whole conversation when the record gave one (system and earlier turns kept for
+    the chat template); () = the single user message `prompt`."""
+    record: dict = field(default_factory=dict, hash=False)
+    """The data record's own fields as loaded (what reward functions see); {} for
+    procedural problems."""
 
 
 def _level1(r: random.Random) -> tuple[str, int]:

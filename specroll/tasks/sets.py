@@ -1,21 +1,25 @@
-"""Named prompt sets: the procedural math mix, the generic chat set, or a file.
+"""Named prompt sets: the procedural math mix, the generic chat set, or a data file.
 
 Used by the RL loop (prompts with answers) and by drafter data collection (`--prompts
 math|chat|FILE`), so a draft is trained on exactly the distribution the policy will be
-asked to roll out. Files: JSONL with either flat records {"prompt": str, "answer": str}
-or DAPO-Math-17K records {"prompt": [{"role": "user", "content": str}],
-"reward_model": {"ground_truth": str}}; Parquet with the same columns; or plain text, one
-prompt per line.
+asked to roll out. Files (read by `files.read_records`): JSONL, Parquet or a
+`datasets.save_to_disk` directory of records, or plain text, one prompt per line. A record
+holds its prompt under `Keys.prompt` (a string, or a list of chat messages kept whole:
+system and earlier turns go to the chat template) and its ground truth under `Keys.answer`
+(a dotted path reaches into objects, as in DAPO-Math-17K's `reward_model.ground_truth`,
+which is also where an 'answer'-less record is looked up). The record's other fields stay
+with the problem, for reward functions and per-source validation (`data_source`).
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specroll.tasks.arithmetic import Problem, generate_problems
 from specroll.tasks.chat import chat_prompts
+from specroll.tasks.files import read_records
 
 DEFAULT_LEVELS = (1, 2)
 """Levels of the default math mix (SmolLM2 starts at ~15%: see arithmetic.py)."""
@@ -29,33 +33,70 @@ def math_problems(n: int, seed: int = 0, levels: tuple[int, ...] = DEFAULT_LEVEL
     return [per[levels[i % len(levels)]][i // len(levels)] for i in range(n)]
 
 
-def _record(rec: Any, where: str) -> Problem:
-    """One task from a parsed line or Parquet row; a malformed one is a ValueError naming
-    `where` and the field (user files are the commonest source of bad input)."""
+@dataclass(frozen=True)
+class Keys:
+    """Where a record keeps its prompt and its answer (`data.prompt_key`, `data.answer_key`)."""
+
+    prompt: str = "prompt"
+    answer: str = "answer"
+    """A field name or a dotted path ('reward_model.ground_truth')."""
+
+
+DAPO_ANSWER = "reward_model.ground_truth"
+"""Where DAPO-Math-17K records keep the answer (looked up when 'answer' is absent)."""
+
+
+def _record(rec: Any, where: str, keys: Keys = Keys()) -> Problem:
+    """One task from a parsed line or row; a malformed one is a ValueError naming `where`
+    and the field (user files are the commonest source of bad input)."""
     if isinstance(rec, str):
-        return Problem(_text(rec, where, "prompt"), "", 0, where, response_prefix="")
-    if not isinstance(rec, dict) or "prompt" not in rec:
-        raise ValueError(f"{where}: expected a JSON object with a 'prompt' field")
-    prompt = _listed(rec["prompt"])
-    if isinstance(prompt, list):  # DAPO / chat-message form: the last user turn
-        prompt = _last_user_turn(prompt, where)
+        text = _text(rec, where, "prompt")
+        return Problem(text, "", 0, where, response_prefix="", record={"prompt": text})
+    if not isinstance(rec, dict) or keys.prompt not in rec:
+        has = f"; it has {', '.join(map(repr, rec))}" if isinstance(rec, dict) else ""
+        raise ValueError(f"{where}: expected a JSON object with a {keys.prompt!r} field{has}")
+    rec = {k: _plain(v) for k, v in rec.items()}
+    prompt, messages = rec[keys.prompt], ()
+    if isinstance(prompt, list):  # chat messages: kept whole, the last user turn named
+        messages = tuple(_messages(prompt, where, keys.prompt))
+        prompt = _last_user_turn(messages, where, keys.prompt)
     elif not isinstance(prompt, str):
         raise ValueError(
-            f"{where}: 'prompt' must be a string or a list of chat messages "
+            f"{where}: {keys.prompt!r} must be a string or a list of chat messages "
             f"({{'role': ..., 'content': ...}}), got {_kind(prompt)}"
         )
-    if "answer" in rec:
-        answer = _answer(rec["answer"], where, "answer")
-    else:
-        reward_model = rec.get("reward_model")
-        if reward_model is None:
-            reward_model = {}
-        if not isinstance(reward_model, dict):
-            raise ValueError(
-                f"{where}: 'reward_model' must be an object, got {_kind(reward_model)}"
-            )
-        answer = _answer(reward_model.get("ground_truth"), where, "reward_model.ground_truth")
-    return Problem(_text(prompt, where, "prompt"), answer, 0, where, response_prefix="")
+    path = keys.answer
+    if keys.answer == "answer" and "answer" not in rec:
+        path = DAPO_ANSWER
+    value = _lookup(rec, path, where)
+    answer = _answer(value, where, path)
+    return Problem(
+        _text(prompt, where, keys.prompt), answer, 0, where, "", messages=messages, record=rec
+    )
+
+
+def _lookup(rec: dict, path: str, where: str) -> Any:
+    """rec's value at a dotted path (None where a step is missing)."""
+    value: Any = rec
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            parent = ".".join(parts[:i])
+            raise ValueError(f"{where}: {parent!r} must be an object, got {_kind(value)}")
+        value = value.get(part)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """Parquet/Arrow values as JSON-like Python (NumPy arrays and scalars unwrapped)."""
+    value = _listed(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _listed(value: Any) -> Any:
@@ -63,21 +104,27 @@ def _listed(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") and not isinstance(value, str) else value
 
 
-def _last_user_turn(messages: list, where: str) -> str:
-    """The content of the last {'role': 'user', 'content': str} message."""
+def _messages(messages: list, where: str, name: str) -> list[dict]:
+    """Chat messages, each {'role': str, 'content': str, ...}."""
     for m in messages:
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError(
-                f"{where}: 'prompt' as a list must hold chat messages "
+                f"{where}: {name!r} as a list must hold chat messages "
                 f"({{'role': ..., 'content': ...}}), got an item that is {_kind(m)}"
             )
-    users = [m.get("content") for m in messages if m["role"] == "user"]
+        if not isinstance(m.get("content"), str):
+            raise ValueError(
+                f"{where}: the {m['role']} message's 'content' must be a string, "
+                f"got {_kind(m.get('content'))}"
+            )
+    return messages
+
+
+def _last_user_turn(messages: tuple, where: str, name: str) -> str:
+    """The content of the last user message."""
+    users = [m["content"] for m in messages if m["role"] == "user"]
     if not users:
-        raise ValueError(f"{where}: 'prompt' has no user message")
-    if not isinstance(users[-1], str):
-        raise ValueError(
-            f"{where}: the user message's 'content' must be a string, got {_kind(users[-1])}"
-        )
+        raise ValueError(f"{where}: {name!r} has no user message")
     return users[-1]
 
 
@@ -108,33 +155,12 @@ def _kind(value: Any) -> str:
     return names.get(type(value), f"a {type(value).__name__}")
 
 
-def load_file(path: str | Path) -> list[Problem]:
-    """Prompts (and answers when present) from a JSONL, Parquet or text file."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"prompt file {p} does not exist")
-    if p.suffix == ".parquet":
-        try:
-            import pandas as pd
-        except ImportError as e:
-            raise ValueError("reading Parquet needs pandas and pyarrow installed") from e
-        return [
-            _record(r, f"{p.name}:{i}") for i, r in enumerate(pd.read_parquet(p).to_dict("records"))
-        ]
-    out = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        if p.suffix in (".jsonl", ".json"):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}:{i}: not valid JSON ({e.msg})") from e
-        else:
-            rec = line.strip()
-        out.append(_record(rec, f"{p.name}:{i}"))
+def load_file(path: str | Path, keys: Keys = Keys()) -> list[Problem]:
+    """Prompts (and answers when present) from a JSONL, Parquet, text file or a
+    save_to_disk directory."""
+    out = [_record(rec, where, keys) for where, rec in read_records(path)]
     if not out:
-        raise ValueError(f"prompt file {p} holds no prompts")
+        raise ValueError(f"prompt file {path} holds no prompts")
     return out
 
 
@@ -154,9 +180,25 @@ def prompt_set(spec: str, n: int, seed: int = 0) -> list[Problem]:
     return [items[i % len(items)] for i in range(n)]
 
 
-def encode(tok, problem: Problem) -> list[int]:
-    """Prompt ids: chat template with the assistant header, then the response prefix."""
-    ids = tok.encode_prompt(problem.prompt)
+def chat(problem: Problem, system_prompt: str = "") -> list[dict]:
+    """The conversation a problem's prompt is: its messages (or its one user message),
+    after a `system_prompt` unless it has a system message of its own."""
+    messages = [dict(m) for m in problem.messages] or [{"role": "user", "content": problem.prompt}]
+    if system_prompt and messages[0].get("role") != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def encode(
+    tok, problem: Problem, system_prompt: str = "", template_kwargs: dict | None = None
+) -> list[int]:
+    """Prompt ids: the conversation through the chat template (with the assistant header
+    and `template_kwargs`, such as enable_thinking), then the response prefix."""
+    messages = chat(problem, system_prompt)
+    if len(messages) == 1 and not template_kwargs:
+        ids = tok.encode_prompt(problem.prompt)
+    else:
+        ids = tok.encode_chat(messages, **(template_kwargs or {}))
     if problem.response_prefix:
         ids = ids + tok.hf.encode(problem.response_prefix, add_special_tokens=False)
     return ids

@@ -286,7 +286,8 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
     lines = [
         f"# specroll run: {out}",
         "",
-        f"Policy `{cfg.policy.model}`, task `{cfg.data.task}`, {summary['steps']} steps of "
+        f"Policy `{cfg.policy.model}`, task `{cfg.data.train_file or cfg.data.task}` "
+        f"(rewards: {', '.join(cfg.reward.functions)}), {summary['steps']} steps of "
         f"{cfg.data.prompts_per_step} prompts x {cfg.data.group_size} samples, "
         f"speculative={cfg.rollout.speculative} (k = {cfg.rollout.k}, depth "
         f"{cfg.rollout.depth}); "

@@ -1,5 +1,9 @@
 """What each RL step samples: its problems, the requests (with their seeds) and rewards.
 
+Problems come from the procedural math task or from data files (`data.train`, `data.val`);
+rewards from `reward.functions` (`tasks.rewards`: built-ins here, user functions in their
+own process).
+
 Everything here is a pure function of (pipeline.seed, step), which is what makes a
 resumed run repeat the uninterrupted one exactly; every seed the run derives from
 its base seed is defined in this file, once (the profile's prompts: engine.profile).
@@ -7,13 +11,15 @@ its base seed is defined in this file, once (the profile's prompts: engine.profi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specroll.engine.request import Request, SamplingParams
 from specroll.rl.config import TrainConfig
 from specroll.tasks.arithmetic import Problem
-from specroll.tasks.reward import math_reward
-from specroll.tasks.sets import encode, load_file, math_problems
+from specroll.tasks.rewards import RewardSet, Sample
+from specroll.tasks.sets import Keys, encode, load_file, math_problems
 
 STEP_STRIDE = 1_000_003
 """step_seed(base, s) = base * STEP_STRIDE + s: distinct (base, step) pairs never meet."""
@@ -30,24 +36,65 @@ def step_seed(base: int, step: int) -> int:
     return base * STEP_STRIDE + step
 
 
+@dataclass
+class TaskFiles:
+    """The problems of a run's data files (None: not given)."""
+
+    train: list[Problem] | None
+    """`data.train` (or a file in `data.task`); None = the procedural math task."""
+    val: list[Problem] | None
+    """`data.val`, its first `data.val_size` records; None = held out of train."""
+
+    def all(self) -> list[Problem] | None:
+        """Every problem of the files (what `rl.budget` bounds), or None without files."""
+        if self.train is None and self.val is None:
+            return None
+        return (self.train or []) + (self.val or [])
+
+
+def task_files(cfg: TrainConfig) -> TaskFiles:
+    """The run's data files, loaded and checked (answers present where a built-in reward
+    needs them; more training records than a held-out validation set takes). Called
+    before any model is loaded."""
+    d = cfg.data
+    keys = Keys(d.prompt_key, d.answer_key)
+    train = load_file(d.train_file, keys) if d.train_file else None
+    val = load_file(d.val, keys)[: d.val_size] if d.val else None
+    for name, items in (("data.train", train), ("data.val", val)):
+        missing = [p.uid for p in items or [] if not p.answer]
+        if missing and cfg.reward.needs_answers:
+            raise ValueError(
+                f"{name}: records without an answer (field {d.answer_key!r}"
+                + (", or reward_model.ground_truth" if d.answer_key == "answer" else "")
+                + f"), which reward.functions {list(cfg.reward.functions)} compare with: "
+                f"{', '.join(missing[:5])}"
+            )
+    if train is not None and val is None and len(train) <= d.val_size:
+        raise ValueError(
+            f"{d.train_file} holds {len(train)} problems, not more than "
+            f"data.val_size={d.val_size} (held out for validation; or give data.val)"
+        )
+    return TaskFiles(train, val)
+
+
 def task_items(cfg: TrainConfig) -> list[Problem] | None:
-    """The problems of a file task (checked: answers present, more than the validation
-    set), or None for the procedural math task. Called before any model is loaded."""
-    if cfg.data.task == "math":
-        return None
-    items = load_file(cfg.data.task)
-    missing = [p.uid for p in items if not p.answer]
-    if missing:
-        raise ValueError(
-            f"{cfg.data.task}: records without an answer ('answer' or "
-            f"reward_model.ground_truth): {', '.join(missing[:5])}"
-        )
-    if len(items) <= cfg.data.val_size:
-        raise ValueError(
-            f"{cfg.data.task} holds {len(items)} problems, not more than "
-            f"data.val_size={cfg.data.val_size}"
-        )
-    return items
+    """Every problem of the run's data files (what `rl.budget` bounds), or None when it
+    has none."""
+    return task_files(cfg).all()
+
+
+@dataclass
+class StepRewards:
+    """The rewards of a step's results."""
+
+    total: torch.Tensor
+    """[P, samples]: what the advantages are computed from."""
+    parts: dict[str, torch.Tensor]
+    """Per reward function (and dict component): [P, samples] values, unweighted."""
+
+    def metrics(self) -> dict[str, float]:
+        """{'reward/<function>': mean, 'reward/<function>/<component>': mean}."""
+        return {f"reward/{k}": round(float(v.mean()), 4) for k, v in self.parts.items()}
 
 
 class Task:
@@ -55,15 +102,22 @@ class Task:
 
     def __init__(self, cfg: TrainConfig, tok) -> None:
         self.cfg, self.tok = cfg, tok
-        self.file_items = task_items(cfg)
+        self.files = task_files(cfg)
+        self.file_items = self.files.all()
+        """Every problem of the data files (None: none), for `rl.budget`."""
+        r = cfg.reward
+        self.reward = RewardSet(r.functions, r.weights, r.timeout_s)
+        self.reward.start()
 
     def problems(self, step: int) -> list[Problem]:
         """The prompts of `step` (a pure function of seed and step)."""
         d, seed = self.cfg.data, self.cfg.pipeline.seed
         P = d.prompts_per_step
-        if self.file_items is None:
+        if self.files.train is None:
             return math_problems((step + 1) * P, seed, d.levels)[step * P :]
-        train = self.file_items[: len(self.file_items) - d.val_size]
+        train = self.files.train
+        if self.files.val is None:
+            train = train[: len(train) - d.val_size]
         out = []
         for i in range(step * P, (step + 1) * P):
             epoch, j = divmod(i, len(train))
@@ -72,10 +126,13 @@ class Task:
         return out
 
     def validation(self) -> list[Problem]:
-        """The held-out problems (the file's last `val_size`, or their own math stream)."""
+        """The validation problems: data.val's, the training file's last `val_size`, or
+        the math task's own stream."""
         d = self.cfg.data
-        if self.file_items is not None:
-            return self.file_items[len(self.file_items) - d.val_size :]
+        if self.files.val is not None:
+            return self.files.val
+        if self.files.train is not None:
+            return self.files.train[len(self.files.train) - d.val_size :]
         return math_problems(d.val_size, self.cfg.pipeline.seed + VAL_SEED_OFFSET, d.levels)
 
     def step_requests(self, step: int) -> list[Request]:
@@ -88,7 +145,7 @@ class Task:
         r = self.cfg.rollout
         reqs = []
         for i, p in enumerate(problems):
-            ids = encode(self.tok, p)
+            ids = self.encode(p)
             for g in range(samples):
                 params = SamplingParams(
                     r.temperature, max_new_tokens=r.max_new_tokens, seed=base_seed + i * samples + g
@@ -96,11 +153,38 @@ class Task:
                 reqs.append(Request(ids, params))
         return reqs
 
-    def rewards(self, problems: list[Problem], results, samples: int) -> torch.Tensor:
-        """[P, samples] math-verified rewards of the results (in request order)."""
+    def encode(self, problem: Problem) -> list[int]:
+        """A problem's prompt ids (data.system_prompt and data.chat_template_kwargs applied)."""
+        d = self.cfg.data
+        return encode(self.tok, problem, d.system_prompt, d.chat_template_kwargs)
+
+    def samples(self, problems: list[Problem], results, samples: int) -> list[Sample]:
+        """What the reward functions score: each result with its problem's record."""
         out = []
         for i, res in enumerate(results):
             p = problems[i // samples]
+            record = dict(p.record) if p.record else {"prompt": p.prompt, "level": p.level}
+            record["answer"] = p.answer
             text = p.response_prefix + self.tok.decode(res.token_ids)
-            out.append(math_reward(text, p.answer))
-        return torch.tensor(out, device="cpu").view(len(problems), samples)
+            out.append(Sample(p.prompt, text, record, p.uid))
+        return out
+
+    def score(self, problems: list[Problem], results, samples: int) -> StepRewards:
+        """[P, samples] rewards of the results (in request order), with each function's
+        values; a reward function that fails raises `RewardError` (nothing is updated)."""
+        scores = self.reward.score(self.samples(problems, results, samples))
+        shape = (len(problems), samples)
+        parts = {k: torch.tensor(v, device="cpu").view(shape) for k, v in scores.parts.items()}
+        return StepRewards(torch.tensor(scores.total, device="cpu").view(shape), parts)
+
+    def rewards(self, problems: list[Problem], results, samples: int) -> torch.Tensor:
+        """[P, samples] rewards of the results (in request order)."""
+        return self.score(problems, results, samples).total
+
+    def zero_reward_hint(self, problems: list[Problem], results, samples: int) -> str:
+        """The likely cause when every reward of a step is 0, with an example."""
+        return self.reward.zero_hint(self.samples(problems, results, samples))
+
+    def close(self) -> None:
+        """Stop the reward worker process, if any."""
+        self.reward.close()

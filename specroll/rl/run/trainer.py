@@ -3,7 +3,7 @@
 Each step runs the stages NeMo-RL names (paper §1.2), timed separately:
 
   gen      sample prompts, G rollouts each (speculative or plain, lossless either way)
-  reward   math-verify the answers; group advantages (DAPO filters)
+  reward   score the completions (`reward.functions`); group advantages (DAPO filters)
   logprob  the old log-probs: recomputed by the learner, or the engine's (`algo.old_logprobs`)
   train    policy update + online draft update from the same forward
   prepare  publish the new weights to the rollout side (versioned)
@@ -38,6 +38,7 @@ from specroll.rl.run import checkpoint, rundir, tensorboard
 from specroll.rl.run.report import step_metrics, write_report
 from specroll.rl.run.task import VALIDATION_SEED, Task, step_seed
 from specroll.rl.run.window import RolloutWindow, shadow
+from specroll.tasks.rewards import RewardError
 from specroll.tasks.sets import encode, math_problems
 
 
@@ -75,6 +76,8 @@ class Trainer:
         )
         self.old_logprobs = OldLogprobs(cfg, log)
         self.step = 0
+        self.val_by_source: dict[str, float] = {}
+        """The last validation's accuracy per data source ('val_accuracy/<source>')."""
         self.run_dir: rundir.RunDir | None = None
         self.rollout.update_weights(0, self.host.weights())
 
@@ -113,7 +116,10 @@ class Trainer:
         self._check_stop()
 
         t0 = time.perf_counter()
-        rewards = self.task.rewards(problems, results, G)  # [P, G]
+        scores = self.task.score(problems, results, G)  # a failing reward function stops here
+        rewards = scores.total  # [P, G]
+        if s == 0 and not bool(rewards.any()):  # no signal: say why, once
+            self.log(f"warning: {self.task.zero_reward_hint(problems, results, G)}")
         lengths = torch.tensor([len(r.token_ids) for r in results], device="cpu")
         adv, keep = loss.step_advantages(rewards, lengths, cfg.rollout.max_new_tokens, cfg.loss)
         t["reward"] = time.perf_counter() - t0
@@ -137,7 +143,7 @@ class Trainer:
         self.step = s + 1
         self.rollout.update_weights(self.step, self.host.weights())
         t["prepare"] = time.perf_counter() - t0
-        return step_metrics(
+        m = step_metrics(
             self.step,
             t,
             results,
@@ -149,15 +155,24 @@ class Trainer:
             dropped=self.window.dropped,
             restarts=self.rollout.restarts,
         )
+        m.update(scores.metrics())  # reward/<function>: each function's mean
+        return m
 
     @torch.no_grad()
     def validate(self) -> float:
-        """Accuracy (one sample per held-out prompt, fixed seeds) of the current policy."""
+        """Accuracy (mean reward of one sample per validation prompt, fixed seeds) of the
+        current policy; per data source in `val_by_source` when records name theirs."""
         probs = self.task.validation()
+        self.val_by_source: dict[str, float] = {}
         if not probs:
             return float("nan")
         results = self.rollout.generate(self.task.requests(probs, 1, VALIDATION_SEED))
-        return round(float(self.task.rewards(probs, results, 1).mean()), 4)
+        rewards = self.task.rewards(probs, results, 1).view(-1)
+        sources = [p.record.get("data_source") for p in probs]
+        for src in sorted({str(x) for x in sources if x is not None}):
+            mine = [i for i, x in enumerate(sources) if x is not None and str(x) == src]
+            self.val_by_source[f"val_accuracy/{src}"] = round(float(rewards[mine].mean()), 4)
+        return round(float(rewards.mean()), 4)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -195,6 +210,7 @@ class Trainer:
         self.window.clear()
         self.rollout.close()
         self.host.close()
+        self.task.close()
 
     # ------------------------------------------------------------------ loop
 
@@ -238,6 +254,14 @@ class Trainer:
             raise Stopped(run_dir.signum, f"saved {path}; continue with --resume") from None
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.step + 1}: {e}; {self._kept()}") from None
+        except RewardError as e:  # in the reward stage: this step changed nothing yet
+            first, nl, traceback = str(e).partition("\n")
+            path = self.save_checkpoint()
+            raise RewardError(
+                f"step {self.step + 1}: {first}; no update was applied, the weights of step "
+                f"{self.step} are saved in {path}: fix the function, then continue with "
+                f"--resume{nl}{traceback}"
+            ) from None
         finally:
             run_dir.close()
             if writer is not None:
@@ -258,7 +282,7 @@ class Trainer:
         # the starting accuracy, for reference (once: a run stopped after it and resumed
         # from its step-0 checkpoint has it logged already)
         if self.step == 0 and cfg.data.val_size and not run_dir.rows():
-            m0 = {"step": 0, "val_accuracy": self.validate()}
+            m0 = {"step": 0, "val_accuracy": self.validate(), **self.val_by_source}
             run_dir.append(m0)
             history.append(m0)
             self.log(f"step 0: validation accuracy {m0['val_accuracy']:.3f}")
@@ -267,6 +291,7 @@ class Trainer:
             last = self.step == cfg.pipeline.steps
             if cfg.data.val_size and (self.step % cfg.data.val_every == 0 or last):
                 m["val_accuracy"] = self.validate()
+                m.update(self.val_by_source)
             run_dir.append(m)
             if writer is not None:
                 tensorboard.write(writer, m)
