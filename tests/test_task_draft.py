@@ -43,20 +43,30 @@ def _task_file(path, prompts: list[str]) -> str:
     return str(path)
 
 
+@pytest.mark.parametrize("held_out", [True, False], ids=["val-held-out", "data.val"])
 def test_the_default_draft_of_a_data_file_samples_its_training_prompts(
-    tiny_setup, tmp_path, monkeypatch
+    tiny_setup, tmp_path, monkeypatch, held_out
 ):
+    """Every training prompt and no validation one, encoded as the run's requests are
+    (here with a system prompt), shuffled and cycled to the recipe's size."""
     from specroll.drafting.default import DefaultDraftRecipe
-    from specroll.tasks.sets import encode, load_file
+    from specroll.rl.config import build_config
+    from specroll.rl.run.task import prompt_ids
+    from specroll.tasks.sets import load_file
 
     _, tok = tiny_setup
     f = _task_file(tmp_path / "task.jsonl", [f"question {i}?" for i in range(12)])
-    got = _sampled(tiny_setup, monkeypatch, f"data.task={f}", "data.val_size=4")
-    items = load_file(f)
-    train = {tuple(encode(tok, p)) for p in items[:8]}
+    val = _task_file(tmp_path / "val.jsonl", ["held out?"])
+    sets = [f"data.train={f}", "data.system_prompt=Be brief.", "data.val_size=4"]
+    sets += [] if held_out else [f"data.val={val}"]
+    got = _sampled(tiny_setup, monkeypatch, *sets)
+    cfg = build_config("tiny", sets)
+    items = load_file(f)[: 8 if held_out else 12]
+    train = [prompt_ids(cfg, tok, p) for p in items]
+    assert "Be brief." in tok.decode(train[0])  # the run's encoding, system prompt included
     assert len(got.prompts) == DefaultDraftRecipe().data.n  # cycled to the recipe's size
-    assert {tuple(p) for p in got.prompts} == train  # all of them, and no held-out one
-    assert got.prompts[:8] != [encode(tok, p) for p in items[:8]]  # a mix, not file order
+    assert {tuple(p) for p in got.prompts} == {tuple(p) for p in train}
+    assert got.prompts[: len(train)] != train  # a mix, not file order
 
 
 def test_drafts_of_different_data_are_cached_apart_and_the_math_key_is_unchanged(
@@ -72,7 +82,7 @@ def test_drafts_of_different_data_are_cached_apart_and_the_math_key_is_unchanged
     a = _task_file(tmp_path / "a.jsonl", [f"add {i}" for i in range(10)])
     b = _task_file(tmp_path / "b.jsonl", [f"sub {i}" for i in range(10)])
     dirs = [
-        _sampled(tiny_setup, monkeypatch, f"data.task={f}", "data.val_size=2").out_dir
+        _sampled(tiny_setup, monkeypatch, f"data.train={f}", "data.val_size=2").out_dir
         for f in (a, b)
     ]
     math = _sampled(tiny_setup, monkeypatch)

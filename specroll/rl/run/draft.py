@@ -12,8 +12,7 @@ from specroll.drafting.default import default_draft
 from specroll.drafting.train import new_eagle3, new_mtp
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
-from specroll.rl.run.task import task_items
-from specroll.tasks.sets import encode
+from specroll.rl.run.task import prompt_ids, task_files
 
 TASK_PROMPTS_SEED = 0
 """Seed of the order a data file's training prompts are sampled in for the default draft
@@ -21,16 +20,15 @@ TASK_PROMPTS_SEED = 0
 
 
 def task_prompts(cfg: TrainConfig, tok) -> list[list[int]] | None:
-    """A data-file task's training prompts (its held-out validation records left out),
-    encoded as the run's requests are, in a fixed shuffled order (a file sorted by source
-    or difficulty still gives the draft a mix when it holds more prompts than the draft
-    samples); None for the procedural math task."""
-    items = task_items(cfg)
-    if items is None:
+    """A data-file task's training prompts (validation records left out), encoded as the
+    run's requests are, in a fixed shuffled order (a file sorted by source or difficulty
+    still gives the draft a mix when it holds more prompts than the draft samples); None
+    for the procedural math task."""
+    train = task_files(cfg).training(cfg.data.val_size)
+    if train is None:
         return None
-    train = items[: len(items) - cfg.data.val_size]
     g = torch.Generator().manual_seed(TASK_PROMPTS_SEED)
-    return [encode(tok, train[int(i)]) for i in torch.randperm(len(train), generator=g)]
+    return [prompt_ids(cfg, tok, train[int(i)]) for i in torch.randperm(len(train), generator=g)]
 
 
 def build_draft(
