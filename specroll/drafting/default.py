@@ -6,11 +6,13 @@ clearly more than a generic one), it samples the policy on the RL task's prompts
 RL temperature, trains an EAGLE-3 head on those samples with TTT, and caches the result
 under $SPECROLL_HOME/drafts/<key>, where the key hashes the policy's weights file and
 every setting below: a changed policy or recipe builds a new draft, an unchanged one is
-loaded in seconds. Both stages resume after an interruption (data shards, trainer
-checkpoints). The recipe is sized for the embedded default on a 2-core CPU (23 minutes
-measured on a quiet 2-core Zen 5: 10.6 sampling, 12.3 training; 8 epochs accept 0.356 at
-the first draft position against 0.334 for 6, on 160 held-out prompts); larger policies
-on GPUs would raise `n` and `epochs`.
+loaded in seconds. The task's prompts are the procedural math set, or a data file's
+training prompts (`prompts`, given encoded): then their digest is in the key too, so a
+draft built for one data set is never loaded for another. Both stages resume after an
+interruption (data shards, trainer checkpoints). The recipe is sized for the embedded
+default on a 2-core CPU (23 minutes measured on a quiet 2-core Zen 5: 10.6 sampling, 12.3
+training; 8 epochs accept 0.356 at the first draft position against 0.334 for 6, on 160
+held-out prompts); larger policies on GPUs would raise `n` and `epochs`.
 """
 
 from __future__ import annotations
@@ -55,15 +57,23 @@ def default_draft(
     recipe: DefaultDraftRecipe | None = None,
     progress: Callable[..., None] | None = None,
     kind: str = "eagle3",
+    prompts: list[list[int]] | None = None,
 ) -> Path:
     """Directory of the cached draft of architecture `kind` for `policy` (built on first
-    use).
+    use), sampled on `prompts` (token ids, cycled to the recipe's n) or, when None, on
+    the recipe's own prompt set.
 
     progress(stage, done, total, info) is called with stage 'data' (rollouts) and
     'train' (optimizer steps; info: the loss and per-position acceptance).
     """
     recipe = recipe or DefaultDraftRecipe()
     recipe = replace(recipe, train=replace(recipe.train, kind=kind))
+    if prompts is not None:
+        if not prompts:
+            raise ValueError("default_draft: prompts is empty (None = the recipe's prompt set)")
+        # the prompts' digest names the set, in the key and in the data's meta.json
+        digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:12]
+        recipe = replace(recipe, data=replace(recipe.data, prompts=f"task-{digest}"))
     policy_dir = Path(policy_dir)
     root = home() / "drafts" / f"{policy_dir.name}-{kind}-{_key(policy_dir, recipe)}"
     final = root / "draft"
@@ -75,9 +85,13 @@ def default_draft(
         if progress:
             progress("data", done, total)
 
+    if prompts is None:
+        ids = prompt_ids(tok, recipe.data)
+    else:
+        ids = [prompts[i % len(prompts)] for i in range(recipe.data.n)]
     collect(
         policy,
-        prompt_ids(tok, recipe.data),
+        ids,
         str(policy_dir),
         recipe.data,
         data_dir,

@@ -51,6 +51,13 @@ class TaskFiles:
             return None
         return (self.train or []) + (self.val or [])
 
+    def training(self, val_size: int) -> list[Problem] | None:
+        """The problems a run trains on: the training file's, less the last `val_size`
+        when they are held out for validation (no data.val); None = the math task."""
+        if self.train is None or self.val is not None:
+            return self.train
+        return self.train[: len(self.train) - val_size]
+
 
 def task_files(cfg: TrainConfig) -> TaskFiles:
     """The run's data files, loaded and checked (answers present where a built-in reward
@@ -97,6 +104,13 @@ class StepRewards:
         return {f"reward/{k}": round(float(v.mean()), 4) for k, v in self.parts.items()}
 
 
+def prompt_ids(cfg: TrainConfig, tok, problem: Problem) -> list[int]:
+    """A problem's prompt ids as the run's requests hold them (data.system_prompt and
+    data.chat_template_kwargs applied): what the default draft samples, too."""
+    d = cfg.data
+    return encode(tok, problem, d.system_prompt, d.chat_template_kwargs)
+
+
 class Task:
     """The task of a run, step by step."""
 
@@ -113,11 +127,9 @@ class Task:
         """The prompts of `step` (a pure function of seed and step)."""
         d, seed = self.cfg.data, self.cfg.pipeline.seed
         P = d.prompts_per_step
-        if self.files.train is None:
+        train = self.files.training(d.val_size)
+        if train is None:
             return math_problems((step + 1) * P, seed, d.levels)[step * P :]
-        train = self.files.train
-        if self.files.val is None:
-            train = train[: len(train) - d.val_size]
         out = []
         for i in range(step * P, (step + 1) * P):
             epoch, j = divmod(i, len(train))
@@ -155,8 +167,7 @@ class Task:
 
     def encode(self, problem: Problem) -> list[int]:
         """A problem's prompt ids (data.system_prompt and data.chat_template_kwargs applied)."""
-        d = self.cfg.data
-        return encode(self.tok, problem, d.system_prompt, d.chat_template_kwargs)
+        return prompt_ids(self.cfg, self.tok, problem)
 
     def samples(self, problems: list[Problem], results, samples: int) -> list[Sample]:
         """What the reward functions score: each result with its problem's record."""
