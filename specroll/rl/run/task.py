@@ -90,8 +90,9 @@ class Task:
     def refill_problems(self, step: int, rnd: int, used: list[Problem]) -> list[Problem]:
         """Refill round `rnd` (1, 2, ...) of `step` (dynamic sampling): prompts_per_step
         problems drawn from their own stream, a pure function of (seed, step, round), none
-        whose prompt is in `used` (the step's own and its earlier rounds'); fewer only when
-        the task has no more distinct prompts."""
+        whose prompt is in `used` (the step's own and its earlier rounds'); fewer when a
+        task of few distinct prompts (a file, or math level 1 alone) has no more new ones
+        among the candidates (4 x prompts_per_step math problems, or the whole file)."""
         d, P = self.cfg.data, self.cfg.data.prompts_per_step
         seed = (
             REFILL_SEED_OFFSET
