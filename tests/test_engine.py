@@ -15,13 +15,17 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, 97, (int(k),), generator=g).tolist() for k in lengths]
 
 
-def _learner_logprobs(model, prompt, tokens, temperature):
-    """What the learner computes: a full-sequence forward with autograd recording."""
+def _learner_logprobs(model, prompt, tokens, temperature, top_k=0, top_p=1.0):
+    """What the learner computes: a full-sequence forward with autograd recording, and the
+    log-probs of the processed distribution (tempered, truncated to top-k / top-p)."""
+    from specroll.rl.algo.logprobs import truncated
+
     seq = torch.tensor([prompt + tokens])
     with torch.enable_grad():
         logits = model(seq).logits[0, len(prompt) - 1 : -1].detach()
     t = temperature if temperature > 0 else 1.0
-    return (logits / t).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+    z = truncated(logits / t, top_k, top_p)
+    return z.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
 TINY_EPS_LOGIT = 2e-5
@@ -59,7 +63,7 @@ def test_engine_logprobs_equal_learner_recomputation(
         assert eng.stats.acceptance_length > 2
     err = 0.0
     for p, r in zip(prompts, results, strict=True):
-        ref = _learner_logprobs(model, p, r.token_ids, temperature)
+        ref = _learner_logprobs(model, p, r.token_ids, temperature, top_k, top_p)
         err = max(err, float((ref - torch.tensor(r.logprobs)).abs().max()))
     assert err <= logprob_tolerance(temperature)  # the bound the pipeline warns on
     assert err <= logprob_tolerance(temperature, eps_logit=TINY_EPS_LOGIT)

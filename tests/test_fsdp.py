@@ -120,7 +120,7 @@ def _isolated(rank, batch: Batch, old: torch.Tensor) -> list[bool]:
             loss, _ = lr.draft_loss(batch, hidden, target)
         else:
             pl, _ = L.clipped_objective(logp, old, batch.advantages, 0.2, 0.28)
-            loss = L.aggregate(pl, batch.response_mask, True)
+            loss = L.aggregate(pl, batch.response_mask, "token_mean")
         loss.backward()
         p = [_nonzero(x.grad) for x in lr.policy.parameters()]
         d = [_nonzero(x.grad) for x in lr.draft.parameters()]

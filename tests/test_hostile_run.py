@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from specroll.cli import main
@@ -223,6 +224,54 @@ def test_sigterm_saves_and_the_resumed_run_repeats_the_uninterrupted_one(home, f
     _trainer(out, "pipeline.steps=4").run(resume=True)
     # every key, the first resumed step's logprob checks included
     assert _comparable(_rows(out)) == _comparable(_rows(finished))
+
+
+def _even_answers(self, problems, results, samples):
+    """Rewards that make a group informative iff its answer is even (the tiny policy's own
+    are almost all 0, and refill would find nothing to keep)."""
+    out = torch.zeros(len(problems), samples)
+    for i, prob in enumerate(problems):
+        out[i, 0] = float(int(prob.answer) % 2 == 0)
+    return out
+
+
+ISSUE_31 = (
+    "pipeline.steps=3",
+    "pipeline.checkpoint_every=1",
+    "data.val_size=0",
+    "data.prompts_per_step=4",
+    "data.group_size=2",
+    "rollout.max_new_tokens=6",
+    "rollout.top_p=0.9",
+    "rollout.speculative=false",  # (speculation's resume: the test above)
+    "loss.drop_uniform_groups=true",
+    "loss.max_refill_rounds=2",
+    "loss.aggregation=seq_mean_token_sum_norm",
+    "policy.warmup_steps=1",
+    "policy.lr_schedule=cosine",
+    "policy.min_lr_ratio=0.1",
+)
+"""Issue 31's settings whose state a resume must carry: refill rounds (their prompts and
+seeds), the learning-rate schedule, top-p rollouts, Dr. GRPO's aggregation."""
+
+
+def test_a_resumed_run_with_refill_and_a_schedule_repeats_the_uninterrupted_one(
+    home, tmp_path, monkeypatch
+):
+    from specroll.rl.run.task import Task
+
+    monkeypatch.setattr(Task, "rewards", _even_answers)
+    whole = tmp_path / "whole"
+    _trainer(whole, *ISSUE_31).run()
+    rows = _rows(whole)
+    # warmup 1 step, then cosine from 1 to 0.1 of lr=1e-3 over the 2 steps left
+    assert [r["lr"] for r in rows] == pytest.approx([1e-3, 1e-3, 0.55e-3])
+    assert any(r.get("refill_rounds") for r in rows)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _trainer(out, *ISSUE_31).run(on_step=_stop_with(signal.SIGTERM, at=1))
+    _trainer(out, *ISSUE_31).run(resume=True)
+    assert _comparable(_rows(out)) == _comparable(rows)
 
 
 def test_a_run_stopped_after_its_first_validation_logs_it_once(

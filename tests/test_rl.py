@@ -45,8 +45,10 @@ def test_clipped_objective_clip_higher_by_hand():
 def test_aggregation_token_vs_sequence_level():
     x = torch.tensor([[1.0, 1.0, 1.0, 1.0], [4.0, 0.0, 0.0, 0.0]])
     m = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
-    assert L.aggregate(x, m, token_level=True).item() == pytest.approx(8 / 5)
-    assert L.aggregate(x, m, token_level=False).item() == pytest.approx((1 + 4) / 2)
+    assert L.aggregate(x, m, "token_mean").item() == pytest.approx(8 / 5)
+    assert L.aggregate(x, m, "seq_mean_token_mean").item() == pytest.approx((1 + 4) / 2)
+    # Dr. GRPO: each sequence's sum over a constant budget, then the mean over sequences
+    assert L.aggregate(x, m, "seq_mean_token_sum_norm", 8).item() == pytest.approx((4 + 4) / 16)
 
 
 def test_overlong_penalty_and_kl_by_hand():
@@ -76,7 +78,7 @@ def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path, kind):
     # the learner's own forward: log-probs, the draft's target and the policy states
     logp, target, hidden = learner.forward(policy, batch, learner.draft_vocab())
     pl, _ = L.clipped_objective(logp, old, batch.advantages, 0.2, 0.28)
-    policy_loss = L.aggregate(pl, batch.response_mask, True)
+    policy_loss = L.aggregate(pl, batch.response_mask, "token_mean")
     draft_loss, _ = learner.draft_loss(batch, hidden, target)
     p_params, d_params = list(policy.parameters()), list(draft.parameters())
     g = torch.autograd.grad(draft_loss, p_params + d_params, allow_unused=True, retain_graph=True)

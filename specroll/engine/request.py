@@ -75,7 +75,9 @@ class Result:
     token_ids: list[int]
     """Generated ids, including the stop token when finish_reason is 'stop'."""
     logprobs: list[float]
-    """log_softmax(logits / T) of each generated token under the policy (T = 1 if greedy)."""
+    """Log-prob of each generated token under the processed distribution it was drawn
+    from: log_softmax(logits / T) (T = 1 if greedy), truncated to the top-k / top-p set
+    and renormalised when those are on."""
     finish_reason: str
     """'stop' (a stop token), 'length' (max_new_tokens) or 'context' (context window full)."""
     seed: int

@@ -182,6 +182,13 @@ def check_bounds(cfg: TrainConfig, model: ModelConfig, prompt: int) -> None:
             f"{cfg.data.group_size} = {n} rollouts per step: the seeds of a step have room "
             f"for at most {REQUESTS_PER_STEP}"
         )
+    rounds = cfg.loss.max_refill_rounds
+    if rounds and n * (1 + rounds) > REQUESTS_PER_STEP:
+        raise ValueError(
+            f"loss.max_refill_rounds={rounds}: {1 + rounds} rounds of {n} rollouts "
+            f"(data.prompts_per_step x data.group_size) per step; the seeds of a step have "
+            f"room for {REQUESTS_PER_STEP}: at most {REQUESTS_PER_STEP // n - 1} rounds"
+        )
 
 
 # ---------------------------------------------------------------------- the estimate

@@ -29,6 +29,12 @@ DEPTHS = ("fixed", "adaptive")
 """`rollout.depth` values."""
 WORKER_BACKENDS = ("local", "vllm")
 """In-process backends a Ray rollout worker can run (`ray.worker_backend`)."""
+LR_SCHEDULES = ("constant", "linear", "cosine")
+"""`policy.lr_schedule` values."""
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+"""`loss.aggregation` values (`rl.algo.loss.micro_share`)."""
+KL_ESTIMATORS = ("k1", "k2", "k3")
+"""`loss.kl_estimator` values (`rl.algo.loss.kl_estimate`)."""
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -63,11 +69,29 @@ class PolicyConfig:
     """Gradient-norm clip of the policy update."""
     micro_batch: int = 16
     """Sequences per learner forward (gradients accumulate over micro-batches)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup over the first this-many RL steps (0 = none)."""
+    lr_schedule: str = "constant"
+    """After warmup: 'constant', or 'linear' / 'cosine' decay towards min_lr_ratio * lr
+    over the remaining pipeline.steps (a pure function of the step: `learner.schedule`)."""
+    min_lr_ratio: float = 0.0
+    """lr_schedule 'linear' / 'cosine': the floor of the decay, as a fraction of lr."""
 
     def __post_init__(self) -> None:
         _bound("policy", self, "lr", 0, above=True)
         _bound("policy", self, "grad_clip", 0, above=True)
         _bound("policy", self, "micro_batch", 1)
+        _bound("policy", self, "warmup_steps", 0)
+        _one_of("policy", self, "lr_schedule", LR_SCHEDULES)
+        _check(
+            0 <= self.min_lr_ratio <= 1,
+            f"policy.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}",
+        )
+        _check(
+            self.min_lr_ratio == 0 or self.lr_schedule != "constant",
+            f"policy.min_lr_ratio={self.min_lr_ratio} needs policy.lr_schedule 'linear' or "
+            "'cosine' (a constant schedule does not decay)",
+        )
 
 
 @dataclass
@@ -101,9 +125,17 @@ class RolloutConfig:
     dtype: str = "float32"
     """Engine weights and KV cache: 'float32' or 'bfloat16' (logits, sampling and the
     verifier stay fp32 either way: speculation is exact for the engine's distribution)."""
+    top_k: int = 0
+    """Sample among the k most likely tokens (0 = off); the learner scores the same
+    truncated, renormalised distribution."""
+    top_p: float = 1.0
+    """Nucleus sampling: the smallest set of tokens with this much mass (1 = off); the
+    learner scores the same truncated, renormalised distribution."""
 
     def __post_init__(self) -> None:
         _bound("rollout", self, "temperature", 0, above=True)
+        _bound("rollout", self, "top_k", 0)
+        _check(0 < self.top_p <= 1, f"rollout.top_p must be in (0, 1], got {self.top_p}")
         _bound("rollout", self, "max_new_tokens", 1)
         _bound("rollout", self, "max_batch", 1)
         _bound("rollout", self, "k", 1)
@@ -214,6 +246,10 @@ class DraftConfig:
         _one_of("draft", self, "kind", KINDS)
 
 
+MAX_REFILL_ROUNDS = 64
+"""Most extra generation rounds per step (`loss.max_refill_rounds`)."""
+
+
 @dataclass
 class LossConfig:
     """GRPO / DAPO objective (see rl.algo.loss)."""
@@ -222,14 +258,28 @@ class LossConfig:
     """Lower clip range: ratio >= 1 - clip_low."""
     clip_high: float = 0.28
     """Upper clip range (DAPO clip-higher): ratio <= 1 + clip_high."""
-    token_level: bool = True
-    """Token-level aggregation (DAPO); False = mean per sequence, then over sequences."""
+    aggregation: str = "token_mean"
+    """How token losses make the loss: 'token_mean' (DAPO: every token of the update
+    weighs the same), 'seq_mean_token_mean' (GRPO: mean per sequence, then over
+    sequences) or 'seq_mean_token_sum_norm' (Dr. GRPO: sum per sequence divided by the
+    constant rollout.max_new_tokens, then mean over sequences). Replaces token_level."""
     drop_uniform_groups: bool = True
-    """Drop groups whose rewards are all equal (DAPO dynamic sampling, without refill)."""
+    """Drop groups whose rewards are all equal (DAPO dynamic sampling)."""
+    max_refill_rounds: int = 0
+    """Dynamic sampling with refill (needs drop_uniform_groups): up to this many extra
+    rounds of prompts_per_step fresh prompts per step, until prompts_per_step informative
+    groups are kept (the first ones, in draw order); 0 = drop without refill."""
+    mask_truncated: bool = False
+    """Overlong filtering: responses cut by the budget (max_new_tokens or the context
+    window) contribute no loss (they still count in their group's advantages)."""
     overlong_buffer: int = 0
     """Soft overlong penalty over the last this-many tokens of the budget (0 = off)."""
     kl_coef: float = 0.0
-    """KL penalty to the initial policy (k3 estimator); 0 = off (no reference copy)."""
+    """KL penalty to the initial policy (estimator: kl_estimator); 0 = off (no reference
+    copy)."""
+    kl_estimator: str = "k3"
+    """Per-token estimate of KL(pi || ref) from log r = log ref - log pi: 'k1' (-log r),
+    'k2' ((log r)^2 / 2) or 'k3' (r - 1 - log r; Schulman 2020)."""
     scale_advantages: bool = True
     """Divide advantages by the group std (GRPO); False = mean-centred only."""
     updates_per_step: int = 1
@@ -251,6 +301,18 @@ class LossConfig:
         _check(
             self.tis_cap == 0 or self.tis_cap >= 1,
             f"loss.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}",
+        )
+        _one_of("loss", self, "aggregation", AGGREGATIONS)
+        _one_of("loss", self, "kl_estimator", KL_ESTIMATORS)
+        _bound("loss", self, "max_refill_rounds", 0)
+        _check(
+            self.max_refill_rounds <= MAX_REFILL_ROUNDS,
+            f"loss.max_refill_rounds must be <= {MAX_REFILL_ROUNDS}, got {self.max_refill_rounds}",
+        )
+        _check(
+            self.max_refill_rounds == 0 or self.drop_uniform_groups,
+            f"loss.max_refill_rounds={self.max_refill_rounds} refills dropped groups: it "
+            "needs loss.drop_uniform_groups=true",
         )
 
 
@@ -455,6 +517,16 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
+    def __post_init__(self) -> None:
+        # refill rounds are generated after the step's rewards are known, with the weights
+        # of the step: the window of asynchronous steps submits before that
+        _check(
+            self.loss.max_refill_rounds == 0 or self.pipeline.max_lag == 0,
+            f"loss.max_refill_rounds={self.loss.max_refill_rounds} needs pipeline.max_lag=0 "
+            f"(refill generates after the step's rewards; async runs submit ahead), got "
+            f"max_lag={self.pipeline.max_lag}",
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -472,7 +544,27 @@ SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fiel
 
 def from_dict(raw: dict[str, Any]) -> TrainConfig:
     """Build a TrainConfig from {section: {field: value}}; unknown names are errors."""
-    return TrainConfig(**build_sections(raw, SECTIONS))
+    return TrainConfig(**build_sections(_renamed(raw), SECTIONS))
+
+
+def _renamed(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` with retired fields spelled as their replacements, so that older presets and
+    `--set` lines keep working: loss.token_level true / false is loss.aggregation
+    'token_mean' / 'seq_mean_token_mean' (both given and disagreeing is an error)."""
+    loss = raw.get("loss")
+    if not isinstance(loss, dict) or "token_level" not in loss:
+        return raw
+    loss = dict(loss)
+    old = loss.pop("token_level")
+    if not isinstance(old, bool):
+        raise ValueError(f"loss.token_level must be true or false, got {old!r}")
+    want = "token_mean" if old else "seq_mean_token_mean"
+    if loss.setdefault("aggregation", want) != want:
+        raise ValueError(
+            f"loss.token_level={str(old).lower()} (retired: it means loss.aggregation={want}) "
+            f"contradicts loss.aggregation={loss['aggregation']}; set only loss.aggregation"
+        )
+    return {**raw, "loss": loss}
 
 
 def load_preset(name: str) -> dict[str, Any]:

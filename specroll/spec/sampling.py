@@ -8,8 +8,9 @@ Conventions:
 * temperature 0 means greedy (argmax); its reported log-prob is under T = 1;
 * probabilities are fp32, the CDF used to invert a uniform is float64, so the sampled
   distribution equals the processed `p` up to fp32 rounding of `p` itself;
-* the log-prob reported for a token is `log_softmax(logits / T)` — tempered, not
-  truncated by top-k/top-p — which is what the learner recomputes.
+* the log-prob reported for a token is that of the processed distribution it was drawn
+  from — `log_softmax(logits / T)` with the tokens outside the top-k / top-p set removed
+  and the rest renormalised — which is what the learner recomputes (`rl.algo.logprobs`).
 """
 
 from __future__ import annotations
@@ -207,16 +208,23 @@ def sample(
     ids = sample_from_probs(probs, u)
     if s.any_greedy():
         ids = torch.where(s.greedy, logits.argmax(dim=-1), ids)
-    return ids, token_logprobs(logits, s.temperature, ids, s.hints)
+    return ids, token_logprobs(logits, s.temperature, ids, s.hints, s)
 
 
 def token_logprobs(
-    logits: torch.Tensor, temperature: torch.Tensor, ids: torch.Tensor, hints: Hints | None = None
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    ids: torch.Tensor,
+    hints: Hints | None = None,
+    s: RowSampling | None = None,
 ) -> torch.Tensor:
-    """log_softmax(logits / T)[ids] in fp32 (T = 1 for greedy rows).
+    """log_softmax(logits / T)[ids] in fp32 (T = 1 for greedy rows), of the distribution
+    truncated by `s`'s top-k / top-p when given.
 
     logits: [B, V] or [B, n, V]; ids: [B] or [B, n]. Computed as x[id] − logsumexp(x),
     which never materialises the full log-softmax.
     """
     x = temper(logits, temperature, hints)
+    if s is not None:
+        x = truncate(x, s.top_k, s.top_p, hints)
     return x.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - x.logsumexp(dim=-1)

@@ -42,7 +42,9 @@ class VerifyOutput:
     accepted: torch.Tensor
     """[B, kmax] bool: draft i was accepted (cumulative: implies all before it were)."""
     logprobs: torch.Tensor
-    """[B, kmax + 1] log_softmax(logits / T) of each emitted token (untruncated, fp32)."""
+    """[B, kmax + 1] log-prob of each emitted token under the processed distribution it
+    was drawn from (temperature, then top-k / top-p: tokens outside the kept set have
+    none of its mass; fp32)."""
 
     @property
     def num_emitted(self) -> torch.Tensor:
@@ -119,8 +121,9 @@ def verify(
     tokens = torch.full((B, K1), -1, dtype=torch.long, device=dev)
     tokens[:, :K] = torch.where(accepted, x, tokens[:, :K])
     tokens[rows, n] = last
-    lse_t = lse if x_all is tempered else tempered.logsumexp(dim=-1)
-    lp = tempered.gather(-1, tokens.clamp(min=0).unsqueeze(-1)).squeeze(-1) - lse_t
+    # the processed distribution's log-prob (what was sampled; the learner scores the
+    # same), equal to log_softmax(logits / T) when no row truncates
+    lp = x_all.gather(-1, tokens.clamp(min=0).unsqueeze(-1)).squeeze(-1) - lse
     return VerifyOutput(tokens=tokens, num_accepted=n, accepted=accepted, logprobs=lp)
 
 

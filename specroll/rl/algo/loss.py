@@ -6,8 +6,10 @@ its own function here: asymmetric clipping ("clip-higher", eps_low < eps_high ke
 low-probability tokens able to grow), token-level aggregation (every token of the batch
 weighs the same, so long answers are not down-weighted), dropping groups whose rewards
 are all equal (zero advantage, pure noise in the batch), and a soft penalty on responses
-that run into the length limit. A KL penalty to a reference policy (k3 estimator,
-Schulman 2020) is optional. Shapes: rewards [P, G]; per-token tensors [N, T] with a
+that run into the length limit. Dr. GRPO (arXiv 2503.20783) removes two length and
+difficulty biases: the std scaling of the advantage and the per-sequence mean (a
+constant normaliser instead). A KL penalty to a reference policy (k1, k2 or k3
+estimator, Schulman 2020) is optional. Shapes: rewards [P, G]; per-token tensors [N, T] with a
 response mask (True = a generated token).
 """
 
@@ -55,6 +57,8 @@ def clipped_objective(
 
     logp, old_logp: [N, T]; advantages: [N] (one per sequence) or [N, T].
     loss = -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r = exp(logp - old_logp).
+    The indicator marks tokens where the clip binds (their gradient is zero): r below
+    1 - clip_low with A < 0, or above 1 + clip_high with A > 0 (`clip_sides` splits them).
     """
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     ratio = torch.exp(logp - old_logp)
@@ -62,6 +66,18 @@ def clipped_objective(
     unclipped_obj, clipped_obj = ratio * adv, clipped * adv
     loss = -torch.minimum(unclipped_obj, clipped_obj)
     return loss, (clipped_obj < unclipped_obj).float()
+
+
+def clip_sides(
+    ratio: torch.Tensor, clipped: torch.Tensor, advantages: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([N, T] low, [N, T] high) float indicators of where the clip bound: the lower bound
+    (ratio too small, A < 0) and the upper one (ratio too large, A > 0). ratio, clipped:
+    [N, T] (`clipped_objective`'s indicator); advantages [N] or [N, T]. low + high =
+    clipped."""
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    low = clipped * (ratio < 1).float() * (adv < 0).float()
+    return low, clipped - low
 
 
 def importance_weight(
@@ -117,21 +133,45 @@ def token_objective(
     logp: the policy's log-probs (with gradient); old_logp: the learner's no-grad ones;
     behaviour_logp: the engine's (needed when `cap` is set: see `importance_weight`);
     ref_logp: the reference policy's (KL penalty when `cfg.kl_coef` > 0). The importance
-    weight multiplies the clipped surrogate only, not the KL penalty. Statistics: `clipped`
-    (float), and `capped` (bool) with a weight, `kl` with a penalty.
+    weight multiplies the clipped surrogate only, not the KL penalty. Statistics:
+    `clipped`, `clip_low`, `clip_high` (float), `ratio` (pi / pi_old), `support` (bool:
+    False where the token is outside the processed distribution of pi or pi_old, see
+    below), and `capped` (bool) with a weight, `kl` with a penalty.
+
+    Top-k / top-p rollouts: a token outside the nucleus of the policy being scored has
+    log-prob -inf (the distribution the engine samples from gives it no mass). That is
+    possible for samples of an older policy (async, several updates per step) or at the
+    nucleus boundary by float rounding; such a token contributes no loss (the ratio of two
+    -inf is undefined) and is counted by `support`.
     """
+    # applied whether or not any token is outside (asking would be a device sync): where
+    # every token is inside, the values and gradients are those without the masking
+    support = torch.isfinite(logp.detach()) & torch.isfinite(old_logp)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    logp = torch.where(support, logp, zero)
+    old_logp = torch.where(support, old_logp, zero)
+    if ref_logp is not None:
+        ref_logp = torch.where(support, ref_logp, zero)
     per_tok, clipped = clipped_objective(logp, old_logp, advantages, cfg.clip_low, cfg.clip_high)
-    terms = {"clipped": clipped.detach()}
+    ratio = torch.exp(logp.detach() - old_logp)
+    low, high = clip_sides(ratio, clipped.detach(), advantages)
+    terms = {
+        "clipped": clipped.detach(),
+        "clip_low": low,
+        "clip_high": high,
+        "ratio": ratio,
+        "support": support,
+    }
     if cap is not None:
         if behaviour_logp is None:
             raise ValueError("an importance-weight cap needs the engine's behaviour_logp")
         weight, terms["capped"] = importance_weight(old_logp, behaviour_logp, cap)
         per_tok = per_tok * weight
     if cfg.kl_coef > 0 and ref_logp is not None:
-        kl = kl_k3(logp, ref_logp)
+        kl = kl_estimate(logp, ref_logp, cfg.kl_estimator)
         per_tok = per_tok + cfg.kl_coef * kl
         terms["kl"] = kl.detach()
-    return per_tok, terms
+    return torch.where(support, per_tok, zero), terms
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -140,26 +180,58 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, token_level: bool) -> torch.Tensor:
-    """Reduce [N, T] to a scalar over masked tokens: token-level (DAPO: sum / total tokens)
-    or sequence-level (GRPO: mean per sequence, then mean over sequences)."""
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) on tokens drawn from pi ([N, T]), with
+    log r = ref_logp - logp (Schulman 2020): 'k1' = -log r (unbiased, can be negative),
+    'k2' = (log r)^2 / 2 (low variance, biased), 'k3' = r - 1 - log r (unbiased, >= 0)."""
+    if kind == "k3":
+        return kl_k3(logp, ref_logp)
+    d = ref_logp - logp
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d * d
+    raise ValueError(f"loss.kl_estimator must be one of ('k1', 'k2', 'k3'), got {kind!r}")
+
+
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, aggregation: str, max_len: int | None = None
+) -> torch.Tensor:
+    """Reduce [N, T] to a scalar over masked tokens (`loss.aggregation`):
+
+    * 'token_mean' (DAPO): sum / total tokens: every token weighs the same;
+    * 'seq_mean_token_mean' (GRPO): mean per sequence, then mean over sequences: a token
+      of a short answer weighs more than one of a long answer;
+    * 'seq_mean_token_sum_norm' (Dr. GRPO): sum per sequence / `max_len` (a constant, the
+      generation budget), then mean over sequences: no length bias either way."""
     m = mask.float()
-    if token_level:
-        return (per_token * m).sum() / m.sum().clamp(min=1)
-    per_seq = (per_token * m).sum(-1) / m.sum(-1).clamp(min=1)
-    return per_seq.mean()
+    return micro_share(per_token, mask, m.sum().clamp(min=1), mask.shape[0], aggregation, max_len)
 
 
 def micro_share(
-    per_token: torch.Tensor, mask: torch.Tensor, n_tokens: float, n_seqs: float, token_level: bool
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    n_tokens: float,
+    n_seqs: float,
+    aggregation: str,
+    max_len: int | None = None,
 ) -> torch.Tensor:
     """One micro-batch's share of `aggregate` over the whole update (n_tokens masked
     tokens in n_seqs sequences): the shares of all micro-batches sum to the aggregate, so
     accumulating their gradients gives the full batch's."""
     m = mask.float()
-    if token_level:
+    if aggregation == "token_mean":
         return (per_token * m).sum() / n_tokens
-    return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1)).sum() / n_seqs
+    if aggregation == "seq_mean_token_mean":
+        return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1)).sum() / n_seqs
+    if aggregation == "seq_mean_token_sum_norm":
+        if not max_len:
+            raise ValueError("aggregation 'seq_mean_token_sum_norm' needs max_len (the budget)")
+        return (per_token * m).sum() / (max_len * n_seqs)
+    raise ValueError(
+        "loss.aggregation must be one of ('token_mean', 'seq_mean_token_mean', "
+        f"'seq_mean_token_sum_norm'), got {aggregation!r}"
+    )
 
 
 def step_advantages(

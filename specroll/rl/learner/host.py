@@ -31,8 +31,11 @@ class LearnerHost(Protocol):
         """[N, T] log-probs (CPU, fp32) of the batch under the policy and (if any) the
         reference (stage `logprob`)."""
 
-    def train(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None) -> dict:
-        """One update (stage `train`); its statistics as floats."""
+    def train(
+        self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, lr: float | None = None
+    ) -> dict:
+        """One update (stage `train`) at learning rate `lr` (None: the optimizer's own);
+        its statistics as floats."""
 
     def weights(self) -> Weights:
         """The weights to publish to the rollout side (stage `prepare`)."""

@@ -66,13 +66,19 @@ class Learner:
         self.temperature = rollout_cfg.temperature
         """The sampling temperature, read from the config the engine's requests come from:
         the log-probs of the update are those of the distribution that was sampled."""
+        self.top_k, self.top_p = rollout_cfg.top_k, rollout_cfg.top_p
+        """The rollouts' top-k / top-p: the log-probs are the truncated distribution's."""
         self.draft = draft if (draft is not None and draft_cfg and draft_cfg.online) else None
         self.dcfg = draft_cfg
         self.reference = reference
         self.dp = None
         """Data parallelism over ranks (`fsdp.shard.DataParallel`), or None in one process:
         which micro-batches this rank runs, and the sums over ranks."""
-        self._loss_share = functools.partial(loss.micro_share, token_level=loss_cfg.token_level)
+        self._loss_share = functools.partial(
+            loss.micro_share,
+            aggregation=loss_cfg.aggregation,
+            max_len=rollout_cfg.max_new_tokens,
+        )
         """The loss aggregation, chosen once: a micro-batch's share of the update's loss."""
         if self.device.type == "cpu":
             keep_freed_memory()
@@ -114,14 +120,17 @@ class Learner:
         b: Batch,
         vocab: torch.Tensor | None = None,
         where: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[int, torch.Tensor]]:
+        entropy: bool = False,
+    ) -> tuple:
         """One micro-batch's decoder forward and the head at the response positions.
 
         where: (rows, cols) [n] of the positions that predict a response token (see
         `predicting_positions`; computed from `b` when not given). Returns (logp [B, W]
         fp32, 0 outside the response; the draft target [n, V'] at those positions, which
         are the ones `drafters.ttt.loss_mask` selects, in its order, when `vocab` is
-        given; the hidden states `self.hidden_layers`)."""
+        given; the hidden states `self.hidden_layers`), and with `entropy` a fourth item:
+        the processed distribution's entropy [B, W] at the response tokens (0 elsewhere,
+        detached)."""
         last = model.cfg.num_layers
         layers = self.hidden_layers if model is self.policy else (last,)
         with self._autocast():
@@ -130,16 +139,22 @@ class Learner:
         # the norm over every position, then the rows: an RMSNorm reduction's order
         # depends on the tensor's shape, and these are the plain path's numerics
         final = model.final_state(out.hidden[last])[rows, cols]  # [n, H]
-        picked, target = head_logprobs(
+        picked, target, *ent = head_logprobs(
             final,
             model.head_weight,
             b.tokens[rows, cols + 1],
             self.temperature,
             vocab=vocab,
             dtype=self.dtype,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            entropy=entropy,
         )
         logp = torch.zeros(b.tokens.shape, device=picked.device)
-        return logp.index_put((rows, cols + 1), picked), target, out.hidden
+        res = (logp.index_put((rows, cols + 1), picked), target, out.hidden)
+        if entropy:
+            res += (torch.zeros_like(logp).index_put((rows, cols + 1), ent[0]),)
+        return res
 
     # ------------------------------------------------------------------ stage: logprob
 
@@ -178,8 +193,10 @@ class Learner:
         batch: Batch,
         old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None = None,
+        lr: float | None = None,
     ) -> dict:
-        """`updates_per_step` optimizer steps over disjoint parts of the batch; the mean
+        """`updates_per_step` optimizer steps over disjoint parts of the batch at learning
+        rate `lr` (the step's, `learner.schedule`; None keeps the optimizer's); the mean
         statistics of the updates, as floats.
 
         old_logp: [N, T] the old policy's log-probs (stage `logprob`, or the engine's), or
@@ -191,6 +208,9 @@ class Learner:
                 "old_logp=None (the train forward's own log-probs) needs loss.updates_per_step"
                 f" = 1 (the weights change between updates); got {self.lcfg.updates_per_step}"
             )
+        if lr is not None:  # set, not stepped: the rate is a function of the RL step
+            for group in self.opt.param_groups:
+                group["lr"] = lr
         batch = batch.to(self.device)
         old_logp = old_logp.to(self.device) if old_logp is not None else None
         ref_logp = ref_logp.to(self.device) if ref_logp is not None else None
@@ -204,11 +224,16 @@ class Learner:
                     stats.setdefault(k, []).append(v)
         out: dict = {}
         for k, v in stats.items():  # mean over updates (per position for lists)
+            if k in EXTREMES:  # the extreme over updates (None: an update without tokens)
+                seen = [x for x in v if x is not None]
+                out[k] = (min if k.endswith("_min") else max)(seen) if seen else None
+                continue
             out[k] = (
                 [sum(x) / len(v) for x in zip(*v, strict=True)]
                 if isinstance(v[0], list)
                 else sum(v) / len(v)
             )
+        out["lr"] = self.opt.param_groups[0]["lr"]
         return out
 
     def _update(self, batch: Batch, part: list[int], old_logp, ref_logp) -> dict:
@@ -246,8 +271,14 @@ class Learner:
         # (float64: the sums of per-micro-batch fp32 figures are the host's double sums)
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         acc = {"policy_loss": zero, "clip_frac": zero, "kl": zero, "draft_loss": zero}
+        acc.update(clip_frac_low=zero, clip_frac_high=zero, entropy=zero, ratio_mean=zero)
+        if self.top_k > 0 or self.top_p < 1:
+            acc["outside_support"] = zero
         if cap is not None and self.lcfg.tis_cap > 0:
             acc["tis_clip_frac"] = zero
+        # the extremes of the ratio pi / pi_old over the update's tokens (max-reduced:
+        # the minimum as the maximum of its negation)
+        ext = torch.full((2,), -math.inf, dtype=torch.float64, device=self.device)
         draft_acc: list[list[float]] = []
         vocab = self.draft_vocab()
         for m, real in micros:
@@ -255,7 +286,9 @@ class Learner:
             rows = torch.tensor(m.idx, device=self.device)
             W = m.width
             mask = b.response_mask
-            logp, target, hidden = self.forward(self.policy, b, vocab, m.where(b, self.device))
+            logp, target, hidden, ent = self.forward(
+                self.policy, b, vocab, m.where(b, self.device), entropy=True
+            )
             per_tok, terms = loss.token_objective(
                 logp,
                 old_logp[rows, :W] if old_logp is not None else logp.detach(),
@@ -268,9 +301,11 @@ class Learner:
             policy_loss = self._loss_share(per_tok, mask, n_tokens, n_seqs)
             if not real:  # a dummy: its forward and backward only keep the ranks in step
                 policy_loss = policy_loss * 0.0
-                terms = {k: v * 0 for k, v in terms.items()}
+                terms = {k: v * 0 if k not in STAT_TERMS else v for k, v in terms.items()}
             acc["policy_loss"] = acc["policy_loss"] + policy_loss.detach()
             acc["clip_frac"] = acc["clip_frac"] + _token_mean(terms["clipped"] * mask, n_tokens)
+            seen = mask if real else torch.zeros_like(mask)  # a dummy's tokens count nothing
+            ext = _token_stats(acc, ext, terms, ent, seen, n_tokens)
             if "kl" in terms:
                 acc["kl"] = acc["kl"] + _token_mean(terms["kl"] * mask, n_tokens)
             if "tis_clip_frac" in acc:
@@ -285,16 +320,21 @@ class Learner:
                 acc["draft_loss"] = acc["draft_loss"] + dl.detach().double() * len(m.idx) / n_seqs
                 draft_acc.append(dm["accept"] if real else [math.nan] * len(dm["accept"]))
             total.backward()
+        acc["ratio_max"], acc["ratio_min"] = ext[0], ext[1]  # (max-reduced; see `_step`)
         return acc, draft_acc
 
     def _step(self, acc: dict[str, torch.Tensor], draft_acc: list[list[float]]) -> dict:
         """Clip and step both optimizers; the update's statistics, read in one go."""
         if self.dp is not None and self.draft is not None:
             self.dp.sum_grads(self.draft.parameters())  # the replicated draft: summed grads
+        top = torch.stack([acc.pop("ratio_max"), acc.pop("ratio_min")])  # [max, -min]
         keys = list(acc)
         sums = torch.stack([acc[k].double() for k in keys])
         if self.dp is not None:
             self.dp.sum_(sums)
+            self.dp.max_(top)
+        sums = torch.cat([sums, top])
+        keys += ["ratio_max", "ratio_min"]
         # under FSDP the policy's clipping norm is a DTensor: its global value
         acc = {"grad_norm": _full(_clip_grad(self.policy.parameters(), self.pcfg.grad_clip))}
         if self.draft_opt is not None:
@@ -303,6 +343,9 @@ class Learner:
         keys += list(acc)
         values = torch.cat([sums, torch.stack([v.double() for v in acc.values()])])
         out: dict = dict(zip(keys, values.tolist(), strict=True))  # the one host read
+        out["ratio_min"] = -out["ratio_min"]
+        for k in EXTREMES:  # no token in the update: no extreme
+            out[k] = out[k] if math.isfinite(out[k]) else None
         bad = [k for k in GUARDED if not math.isfinite(out.get(k, 0.0))]
         if bad:  # every rank read the same global figures: all skip the step together
             self.opt.zero_grad(set_to_none=True)
@@ -373,11 +416,49 @@ _clip_grad = torch.nn.utils.clip_grad_norm_
 
 GUARDED = ("policy_loss", "kl", "grad_norm", "draft_loss", "draft_grad_norm")
 """Figures of an update that must be finite for it to be applied (`NonFiniteError`)."""
+EXTREMES = ("ratio_min", "ratio_max")
+"""Statistics that are extremes over the update's tokens (reduced by min / max, not mean;
+None when the update had no token)."""
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's global value (FSDP's gradient norm); other tensors as they are."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+STAT_TERMS = ("clip_low", "clip_high", "ratio", "support")
+"""Per-token terms of `loss.token_objective` that `_token_stats` reads under its own mask
+(a dummy micro-batch's mask is empty there, rather than its terms zeroed)."""
+
+
+def _token_stats(
+    acc: dict[str, torch.Tensor],
+    ext: torch.Tensor,
+    terms: dict[str, torch.Tensor],
+    ent: torch.Tensor,
+    mask: torch.Tensor,
+    n_tokens: float,
+) -> torch.Tensor:
+    """Add one micro-batch's shares of the per-token statistics to `acc` (clip fractions
+    by side, entropy, mean ratio, tokens outside the processed support when `acc` counts
+    them) and return the running [max ratio, -min ratio] `ext`, all on the device.
+
+    terms: `loss.token_objective`'s; ent, mask: [B, W] entropy and the tokens to count."""
+    for key, term in (("clip_frac_low", "clip_low"), ("clip_frac_high", "clip_high")):
+        acc[key] = acc[key] + _token_mean(terms[term] * mask, n_tokens)
+    acc["entropy"] = acc["entropy"] + _token_mean(ent * mask, n_tokens)
+    inside = mask & terms["support"]
+    ratio = terms["ratio"].double()
+    acc["ratio_mean"] = acc["ratio_mean"] + _token_mean(ratio * inside, n_tokens)
+    if "outside_support" in acc:
+        acc["outside_support"] = acc["outside_support"] + _token_mean(
+            mask & ~terms["support"], n_tokens
+        )
+    ninf = torch.full((), -math.inf, dtype=torch.float64, device=ratio.device)
+    here = torch.stack(
+        [torch.where(inside, ratio, ninf).max(), torch.where(inside, -ratio, ninf).max()]
+    )
+    return torch.maximum(ext, here)
 
 
 def _token_mean(x: torch.Tensor, n: float) -> torch.Tensor:

@@ -70,8 +70,8 @@ class RayLearnerHost:
     def logprobs(self, batch: Batch):
         return self._get(self.actor.logprobs.remote(batch))
 
-    def train(self, batch: Batch, old, ref) -> dict:
-        return self._get(self.actor.train.remote(batch, old, ref))
+    def train(self, batch: Batch, old, ref, lr: float | None = None) -> dict:
+        return self._get(self.actor.train.remote(batch, old, ref, lr))
 
     def weights(self) -> Weights:
         """Object-store references, put by the actor."""

@@ -35,8 +35,10 @@ class LocalLearnerHost:
         ref = lr.logprobs(batch, lr.reference) if lr.reference is not None else None
         return lr.logprobs(batch), ref
 
-    def train(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None) -> dict:
-        return self.learner.train(batch, old, ref)
+    def train(
+        self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, lr: float | None = None
+    ) -> dict:
+        return self.learner.train(batch, old, ref, lr=lr)
 
     def weights(self) -> Weights:
         """The policy's and the draft's tensors (views on the learner's device: the

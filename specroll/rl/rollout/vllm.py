@@ -6,8 +6,9 @@
 * **Requests.** Seeds are drawn as the own engine draws them (`engine.request`), so a
   result names the seed that reproduces it; stop tokens are specroll's (`ignore_eos` +
   `stop_token_ids`); log-probs are vLLM's `processed_logprobs`, log_softmax(logits / T) of
-  the sampled token (T = 1 greedy). vLLM drafts a fixed k for every row: a per-request
-  `max_draft` below k is refused.
+  the sampled token (T = 1 greedy) after top-k / top-p, as specroll's engine reports them
+  (the learner scores the same truncated distribution; the log-prob check compares).
+  vLLM drafts a fixed k for every row: a per-request `max_draft` below k is refused.
 * **Weights** are refit in place (`vllm_refit`); on CPU the sampling patch of
   `vllm_patch` is applied to speculative engines.
 * **Counters.** `SpecStats` come from vLLM's per-request speculation counters, merged per

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from specroll.engine.request import Results
 from specroll.rl.config import TrainConfig
+
+if TYPE_CHECKING:
+    from specroll.rl.run.refill import StepGroups
 
 STAGES = ("gen", "reward", "logprob", "train", "prepare")
 
@@ -32,12 +36,15 @@ def step_metrics(
     train_metrics: dict,
     dropped: int = 0,
     restarts: int = 0,
+    refill: StepGroups | None = None,
 ) -> dict:
     """A step's line of metrics.jsonl: the learner's figures (`train_metrics`), then the
     stage times, generation, rewards, speculation and (with a shadow run: its (seconds,
     tokens) in `plain_run`) the measured generation speed-up.
 
-    rewards: [P, G]; keep: [P] the groups trained on; lag: {versions old: samples}."""
+    rewards: [P, G]; keep: [P] the groups trained on; lag: {versions old: samples};
+    refill: the step's groups with dynamic-sampling refill (`run.refill`), whose rounds,
+    groups and tokens are counted (already part of results, rewards and keep)."""
     spec = results.stats
     lengths = torch.tensor([len(r.token_ids) for r in results], device="cpu")
     n_tok = int(lengths.sum())
@@ -65,6 +72,10 @@ def step_metrics(
         depth_hist=list(spec.depth_hist),  # decode iterations by draft depth (0 = plain)
         policy_version=step,
     )
+    if refill is not None:
+        m["refill_rounds"] = refill.rounds
+        m["refill_groups"] = refill.refill_groups
+        m["refill_tokens"] = refill.refill_tokens
     if plain_run is not None:
         # speculative and plain decoding draw the same distribution, not the same
         # samples: the two runs' lengths differ, so the time ratio (the step's saving)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from specroll.engine.request import Request, SamplingParams
-from specroll.rl.config import TrainConfig
+from specroll.rl.config import MAX_REFILL_ROUNDS, TrainConfig
 from specroll.tasks.arithmetic import Problem
 from specroll.tasks.rewards import RewardSet, Sample
 from specroll.tasks.sets import Keys, encode, load_file, math_problems
@@ -29,6 +29,10 @@ VAL_SEED_OFFSET = 10_000
 """Validation problems come from seed + this (a separate stream from training's)."""
 VALIDATION_SEED = 7_777_777
 """First request seed of the validation rollouts (the same every time: comparable)."""
+REFILL_SEED_OFFSET = 1 << 40
+"""Refill prompts (dynamic sampling) of (step, round) come from the problem stream
+REFILL_SEED_OFFSET + step_seed * (MAX_REFILL_ROUNDS + 1) + round: apart from training's
+and validation's, and from every other (step, round)."""
 
 
 def step_seed(base: int, step: int) -> int:
@@ -152,6 +156,42 @@ class Task:
         seed = step_seed(self.cfg.pipeline.seed, step) * REQUESTS_PER_STEP
         return self.requests(self.problems(step), self.cfg.data.group_size, seed)
 
+    def refill_problems(self, step: int, rnd: int, used: list[Problem]) -> list[Problem]:
+        """Refill round `rnd` (1, 2, ...) of `step` (dynamic sampling): prompts_per_step
+        problems drawn from their own stream, a pure function of (seed, step, round), none
+        whose prompt is in `used` (the step's own and its earlier rounds'); fewer when a
+        task of few distinct prompts (a file, or math level 1 alone) has no more new ones
+        among the candidates (4 x prompts_per_step math problems, or the whole file)."""
+        d, P = self.cfg.data, self.cfg.data.prompts_per_step
+        seed = (
+            REFILL_SEED_OFFSET
+            + step_seed(self.cfg.pipeline.seed, step) * (MAX_REFILL_ROUNDS + 1)
+            + rnd
+        )
+        if self.file_items is None:
+            # a few times more candidates than needed: small levels repeat prompts
+            pool = math_problems(4 * P, seed, d.levels)
+        else:
+            train = self.file_items[: len(self.file_items) - d.val_size]
+            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
+            pool = [train[int(i)] for i in perm]
+        seen = {p.prompt for p in used}
+        out = []
+        for p in pool:
+            if p.prompt not in seen:
+                seen.add(p.prompt)
+                out.append(p)
+                if len(out) == P:
+                    break
+        return out
+
+    def refill_requests(self, step: int, rnd: int, problems: list[Problem]) -> list[Request]:
+        """The rollout requests of refill round `rnd` of `step`: seeds after the step's own
+        and earlier rounds' (round r starts r * prompts_per_step * group_size further)."""
+        d = self.cfg.data
+        seed = step_seed(self.cfg.pipeline.seed, step) * REQUESTS_PER_STEP
+        return self.requests(problems, d.group_size, seed + rnd * d.prompts_per_step * d.group_size)
+
     def requests(self, problems: list[Problem], samples: int, base_seed: int) -> list[Request]:
         """`samples` requests per problem, seeded base_seed, base_seed + 1, ..."""
         r = self.cfg.rollout
@@ -160,7 +200,11 @@ class Task:
             ids = self.encode(p)
             for g in range(samples):
                 params = SamplingParams(
-                    r.temperature, max_new_tokens=r.max_new_tokens, seed=base_seed + i * samples + g
+                    r.temperature,
+                    top_k=r.top_k,
+                    top_p=r.top_p,
+                    max_new_tokens=r.max_new_tokens,
+                    seed=base_seed + i * samples + g,
                 )
                 reqs.append(Request(ids, params))
         return reqs

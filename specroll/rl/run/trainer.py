@@ -2,7 +2,8 @@
 
 Each step runs the stages NeMo-RL names (paper §1.2), timed separately:
 
-  gen      sample prompts, G rollouts each (speculative or plain, lossless either way)
+  gen      sample prompts, G rollouts each (speculative or plain, lossless either way),
+           and any dynamic-sampling refill rounds (`run.refill`)
   reward   score the completions (`reward.functions`); group advantages (DAPO filters)
   logprob  the old log-probs: recomputed by the learner, or the engine's (`algo.old_logprobs`)
   train    policy update + online draft update from the same forward
@@ -26,15 +27,16 @@ import torch
 from specroll.drafters.trainable import TrainableDraft
 from specroll.engine.profile import PROFILE_PROMPTS_SEED
 from specroll.model.transformer import Transformer
-from specroll.rl.algo import loss
 from specroll.rl.algo.batch import Batch
 from specroll.rl.algo.old_logprobs import OldLogprobs
 from specroll.rl.budget import check_loaded
 from specroll.rl.config import TrainConfig
 from specroll.rl.errors import NonFiniteError, Stopped
 from specroll.rl.learner import build_host
+from specroll.rl.learner.schedule import lr_at
 from specroll.rl.rollout import build_rollout
 from specroll.rl.run import checkpoint, rundir, tensorboard
+from specroll.rl.run.refill import StepGroups, refill, score
 from specroll.rl.run.report import step_metrics, write_report
 from specroll.rl.run.task import VALIDATION_SEED, Task, step_seed
 from specroll.rl.run.window import RolloutWindow, shadow
@@ -120,12 +122,21 @@ class Trainer:
         rewards = scores.total  # [P, G]
         if s == 0 and not bool(rewards.any()):  # no signal: say why, once
             self.log(f"warning: {self.task.zero_reward_hint(problems, results, G)}")
-        lengths = torch.tensor([len(r.token_ids) for r in results], device="cpu")
-        adv, keep = loss.step_advantages(rewards, lengths, cfg.rollout.max_new_tokens, cfg.loss)
+        adv, keep = score(cfg, rewards, results)
         t["reward"] = time.perf_counter() - t0
+        groups = StepGroups(problems, results, rewards, adv, keep)
+        if cfg.loss.max_refill_rounds:  # dynamic sampling: more groups while too few count
+            groups = refill(cfg, self.task, s, self.rollout.generate, groups, t)
+            results, rewards = groups.results, groups.rewards
+            adv, keep = groups.advantages, groups.keep
+            self._check_stop()
 
-        train_metrics: dict = {}
+        train_metrics: dict = {"lr": lr_at(cfg.policy, s, cfg.pipeline.steps)}
         rows = [i for i in range(len(results)) if bool(keep[i // G])]
+        if cfg.loss.mask_truncated:  # overlong filtering: a cut response adds no loss
+            cut = [i for i in rows if results[i].finish_reason != "stop"]
+            train_metrics["masked_truncated"] = len(cut)
+            rows = [i for i in rows if results[i].finish_reason == "stop"]
         t["logprob"] = t["train"] = 0.0
         if rows:
             batch = Batch.from_results([results[i] for i in rows], adv.view(-1)[rows])
@@ -136,7 +147,7 @@ class Trainer:
             t["logprob"] = time.perf_counter() - t0
             self._check_stop()
             t0 = time.perf_counter()
-            train_metrics.update(self.host.train(batch, old, ref))
+            train_metrics.update(self.host.train(batch, old, ref, train_metrics["lr"]))
             t["train"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -154,6 +165,7 @@ class Trainer:
             train_metrics,
             dropped=self.window.dropped,
             restarts=self.rollout.restarts,
+            refill=groups if cfg.loss.max_refill_rounds else None,
         )
         m.update(scores.metrics())  # reward/<function>: each function's mean
         return m

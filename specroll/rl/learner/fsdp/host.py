@@ -157,8 +157,10 @@ class FSDPLearnerHost(ShardedCheckpoints):
     def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self._call("logprobs", batch)
 
-    def train(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None) -> dict:
-        return self._call("train", batch, old, ref)
+    def train(
+        self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, lr: float | None = None
+    ) -> dict:
+        return self._call("train", batch, old, ref, lr)
 
     def weights(self) -> Weights:
         """The policy's and draft's full tensors, gathered one at a time and streamed by

@@ -68,8 +68,8 @@ class RankLearner:
         ref = lr.logprobs(batch, lr.reference) if lr.reference is not None else None
         return lr.logprobs(batch), ref
 
-    def train(self, batch: Batch, old, ref, emit: Callable) -> dict:
-        return self.learner.train(batch, old, ref)
+    def train(self, batch: Batch, old, ref, lr: float | None, emit: Callable) -> dict:
+        return self.learner.train(batch, old, ref, lr=lr)
 
     def weights(self, emit: Callable) -> bool:
         """Gather the policy one tensor at a time; rank 0 streams each (as a CPU tensor)

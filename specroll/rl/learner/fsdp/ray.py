@@ -117,8 +117,8 @@ class RayFSDPLearnerHost(ShardedCheckpoints):
     def logprobs(self, batch: Batch):
         return self._call("logprobs", batch)[0]
 
-    def train(self, batch: Batch, old, ref) -> dict:
-        return self._call("train", batch, old, ref)[0]
+    def train(self, batch: Batch, old, ref, lr: float | None = None) -> dict:
+        return self._call("train", batch, old, ref, lr)[0]
 
     def weights(self) -> Weights:
         """The full tensors rank 0 put into the object store, one at a time."""

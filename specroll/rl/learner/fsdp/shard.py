@@ -56,6 +56,11 @@ class DataParallel:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def max_(self, t: torch.Tensor) -> torch.Tensor:
+        """In-place maximum over ranks."""
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t
+
     def token_count(self, mask: torch.Tensor, rows: list[list[int]]) -> float:
         """The global count of response tokens: this rank's micro-batches' rows of `mask`
         [N, T], summed over ranks (at least 1, as in one process)."""
