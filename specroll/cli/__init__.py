@@ -1,4 +1,5 @@
-"""specroll command line: `specroll model | generate | bench | train | simulate | draft`
+"""specroll command line: `specroll model | generate | bench | train | simulate | draft |
+export`
 (see --help).
 
 One module per sub-command, each with its `add_parser`; rich draws progress and tables.
@@ -13,7 +14,7 @@ import signal
 
 from rich.text import Text
 
-from specroll.cli import bench, common, draft, generate, simulate, train
+from specroll.cli import bench, common, draft, export, generate, simulate, train
 from specroll.rl.errors import RunError, Stopped
 
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parser(sub)
     simulate.add_parser(sub)
     draft.add_parser(sub)
+    export.add_parser(sub)
     return p
 
 
