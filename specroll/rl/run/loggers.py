@@ -14,7 +14,6 @@ A resumed run logs to the same W&B run (its id is the run's id) and the same MLf
 from __future__ import annotations
 
 import importlib.util
-import math
 from pathlib import Path
 from typing import Protocol
 
@@ -50,26 +49,6 @@ def check_installed(cfg: TrainConfig) -> None:
                 f"log.{name}=true needs the {module} package: pip install 'specroll[{extra}]' "
                 f"(or set log.{name}=false)"
             )
-
-
-def run_name(cfg: TrainConfig) -> str:
-    """`log.run_name`, or the name of the run's directory."""
-    return cfg.log.run_name or Path(cfg.pipeline.out_dir).resolve().name
-
-
-def scalars(m: dict) -> dict[str, float]:
-    """The finite numbers of a metrics row, nested dicts flattened to `key/sub` (lists,
-    strings, None and the step itself left out)."""
-    out: dict[str, float] = {}
-    for k, v in m.items():
-        if k == "step":
-            continue
-        if isinstance(v, dict):
-            for kk, vv in scalars(v).items():
-                out[f"{k}/{kk}"] = vv
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            out[k] = float(v)
-    return out
 
 
 class Loggers:

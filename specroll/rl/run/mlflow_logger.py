@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from specroll.rl.config import TrainConfig
-from specroll.rl.run.loggers import run_name, scalars
+from specroll.rl.run.logged import run_name, scalars
 
 RUN_TAG = "specroll.run_id"
 """The tag that ties an MLflow run to the specroll run (its `run.json` id)."""

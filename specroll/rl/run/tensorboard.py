@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specroll.rl.run.loggers import scalars
+from specroll.rl.run.logged import scalars
 
 
 class TensorBoardLogger:

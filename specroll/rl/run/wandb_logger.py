@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specroll.rl.config import TrainConfig
-from specroll.rl.run.loggers import run_name, scalars
+from specroll.rl.run.logged import run_name, scalars
 
 COLUMNS = (
     "step",
