@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -176,3 +177,61 @@ def test_bad_sources_and_destinations_fail_clearly(run, home_of, tmp_path, capsy
     (out / "notes.txt").write_text("mine")
     fails_clearly(capsys, ["export", good, "--out", str(out), "--overwrite"], "notes.txt")
     assert (out / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_a_drafts_architecture_rebuilds_from_what_a_checkpoint_keeps(tiny_setup, tmp_path, kind):
+    """`draft_config` survives a weights-only checkpoint load, and `new_draft` builds from
+    it a network whose tensors have the draft's names and shapes (what `specroll export`
+    fills from a checkpoint)."""
+    from specroll.drafters.trainable import draft_config, new_draft, save_draft
+    from specroll.model.weights import load_state
+    from specroll.rl.config import build_config
+    from specroll.rl.run.draft import build_draft
+
+    policy, tok = tiny_setup
+    draft = build_draft(build_config("tiny", [f"draft.kind={kind}"]), policy, tok, tmp_path)
+    torch.save({"draft_config": {"kind": kind, "config": draft_config(draft)}}, tmp_path / "s")
+    spec = torch.load(tmp_path / "s", weights_only=True)["draft_config"]
+    twin = new_draft(spec["kind"], spec["config"], policy)
+    load_state(twin, draft.state_dict(), "the twin")  # raises on any name or shape
+    save_draft(twin, tmp_path / "a")
+    save_draft(draft, tmp_path / "b")
+    assert (tmp_path / "a" / "config.json").read_text() == (
+        tmp_path / "b" / "config.json"
+    ).read_text()
+
+
+def test_a_sharded_learners_checkpoint_exports_from_its_dcp_state(run, home_of, tmp_path):
+    """A checkpoint whose weights are in `learner/` (DCP, as `learner.strategy: fsdp`
+    writes it) exports the same weights as the state.pt it was made from."""
+    from specroll.drafters.trainable import load_draft, new_draft
+    from specroll.model import load_model
+    from specroll.model.weights import load_state
+    from specroll.rl.learner.fsdp import dcp
+    from specroll.rl.run import checkpoint
+    from tests.conftest import learner
+
+    ck = run / "checkpoints" / "step-000001"
+    policy, draft_state = _checkpoint_policy(ck)
+    state = torch.load(ck / "state.pt", weights_only=True)
+    spec = state["draft_config"]
+    draft = new_draft(spec["kind"], spec["config"], policy)
+    load_state(draft, draft_state, "test")
+    lr = learner(policy, draft=draft)
+    sharded = {k: v for k, v in state.items() if k not in ("policy", "draft", "rng", "step")}
+    sharded = {k: v for k, v in sharded.items() if not k.endswith("_opt")}
+    with warnings.catch_warnings():  # one process without a group: meant
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        path = checkpoint.save(
+            tmp_path / "checkpoints", 1, sharded, write=lambda d: dcp.save(lr, draft, d / "learner")
+        )
+    assert "policy" not in torch.load(path / "state.pt", weights_only=True)
+    assert _export(path, "--out", tmp_path / "hf") == 0
+    for (name, a), b in zip(
+        load_model(tmp_path / "hf").state_dict().items(), state["policy"].values(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    exported = load_draft(tmp_path / "hf" / "draft", policy)
+    for k, v in exported.state_dict().items():
+        assert torch.equal(v, draft_state[k]), k

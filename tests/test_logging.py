@@ -153,3 +153,39 @@ def test_a_missing_logger_package_fails_before_any_model_loads(home, tmp_path, c
     argv = ["train", "--preset", "tiny", "--out", str(out), "--set", "log.wandb=true"]
     fails_clearly(capsys, argv, "log.wandb=true", "pip install 'specroll[wandb]'")
     assert not (tmp_path / "home" / "models").exists() and not out.exists()
+
+
+def test_sample_rows_carry_reward_components_and_acceptance():
+    """The hook a reward made of parts uses: components [P, G] by name, per row."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specroll.rl.run.samples import pick, rows
+    from specroll.spec.metrics import SpecStats
+    from specroll.tasks.arithmetic import Problem
+
+    problems = [Problem(f"q{i}", str(i), 1, f"u{i}") for i in range(3)]
+    results = [
+        SimpleNamespace(
+            token_ids=[1] * (i + 1),
+            finish_reason="stop",
+            policy_version=4,
+            spec=SpecStats(draft_tokens=2 * i, accepted_tokens=i),
+        )
+        for i in range(6)
+    ]
+    tok = SimpleNamespace(decode=lambda ids: "x" * len(ids))
+    rewards = torch.arange(6.0).view(3, 2)
+    parts = {"format": rewards / 10, "answer": rewards % 2}
+    got = rows(5, 4, problems, results, rewards, tok, components=parts)
+    assert [r["index"] for r in got] == pick(5, 6, 4)
+    for r in got:
+        i = r["index"]
+        assert (r["group"], r["prompt"], r["answer"]) == (i // 2, f"q{i // 2}", str(i // 2))
+        assert (r["reward"], r["length"], r["completion"]) == (float(i), i + 1, "x" * (i + 1))
+        assert r["reward_components"] == {"format": i / 10, "answer": float(i % 2)}
+        assert (r["drafted"], r["accepted"]) == (2 * i, i)
+    plain = rows(5, 4, problems, results, rewards, tok, speculative=False)
+    assert "drafted" not in plain[0] and "reward_components" not in plain[0]
+    assert rows(5, 0, problems, results, rewards, tok) == []

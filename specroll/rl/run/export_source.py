@@ -13,6 +13,7 @@ its draft, its tokenizer and the run's settings.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,5 +142,7 @@ def load(src: Source, log=print) -> tuple[Transformer, TrainableDraft | None, ob
         sd = {"policy": policy.state_dict()}
         if draft is not None:
             sd["draft"] = draft.state_dict()
-        dcp.load(sd, checkpoint_id=str(src.path / "learner"))
+        with warnings.catch_warnings():  # one process without a group: meant
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(sd, checkpoint_id=str(src.path / "learner"))
     return policy, draft, Tokenizer(base)
