@@ -33,6 +33,8 @@ from specroll.model.weights import save_model
 
 DEFAULT_SHARD_SIZE = "2GB"
 """Largest weight file of an export (`--max-shard-size`); bigger policies are sharded."""
+INDEX = "model.safetensors.index.json"
+"""The shard index of a sharded export (tensor name -> file)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """Export weight dtypes by name (`pipeline.export_dtype`, `--dtype`)."""
 WRITES = (
@@ -89,6 +91,10 @@ def finish(
 
     policy_dir = Path(policy_dir)
     single = policy_dir / "model.safetensors"
+    # shards of an earlier export here (a resumed run's policy/, another dtype) would be
+    # read beside the new weights
+    for stale in [*policy_dir.glob("model-*-of-*.safetensors"), policy_dir / INDEX]:
+        stale.unlink(missing_ok=True)
     tensors = {k: v.to(DTYPES[dtype]) for k, v in load_file(single).items()}
     split = split_torch_state_dict_into_shards(tensors, max_shard_size=parse_size(max_shard))
     if split.is_sharded or dtype != "float32":
@@ -98,9 +104,7 @@ def finish(
                 save_file({k: tensors[k].contiguous() for k in keys}, tmp, {"format": "pt"})
     if split.is_sharded:
         index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-        outputs.write_text(
-            policy_dir / "model.safetensors.index.json", json.dumps(index, indent=2) + "\n"
-        )
+        outputs.write_text(policy_dir / INDEX, json.dumps(index, indent=2) + "\n")
     hf = json.loads((policy_dir / "config.json").read_text())
     hf["torch_dtype"] = hf["dtype"] = dtype
     outputs.write_text(policy_dir / "config.json", json.dumps(hf, indent=2) + "\n")
