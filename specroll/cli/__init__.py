@@ -1,4 +1,5 @@
-"""specroll command line: `specroll generate | bench | train | simulate | draft | config`
+"""specroll command line: `specroll generate | bench | train | simulate | draft | config |
+export`
 (see --help).
 
 One module per sub-command, each with its `add_parser`; rich draws progress and tables.
@@ -13,7 +14,7 @@ import signal
 
 from rich.text import Text
 
-from specroll.cli import bench, common, config, draft, generate, simulate, train
+from specroll.cli import bench, common, config, draft, export, generate, simulate, train
 from specroll.rl.errors import RunError, Stopped
 
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(sub)
     draft.add_parser(sub)
     config.add_parser(sub)
+    export.add_parser(sub)
     return p
 
 

@@ -35,9 +35,11 @@ def _plan(cfg, args: argparse.Namespace, budget: bool = True):
     from specroll.device import resolve_device
     from specroll.rl.budget import check_run
     from specroll.rl.run import rundir
+    from specroll.rl.run.loggers import check_installed
     from specroll.rl.run.task import task_items
 
     outputs.check_dir(cfg.pipeline.out_dir, "--out")
+    check_installed(cfg)  # a logger's missing package (wandb, mlflow) before any model
     items = task_items(cfg)
     # (Ray workers and actors resolve theirs where they run)
     if cfg.rollout.backend == "local":

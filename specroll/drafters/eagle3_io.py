@@ -82,12 +82,9 @@ def _check(hf: dict[str, Any], name: str, want: Any, what: str) -> None:
         raise ValueError(f"EAGLE-3 config {name}={hf.get(name)!r} but {what} needs {want!r}")
 
 
-def load_eagle3(
-    path: str | Path, target_cfg: ModelConfig, embed: Embed | Transformer | None = None
-) -> Eagle3Head:
-    """Read a head saved by `save_eagle3`, SpecForge or vLLM (`midlayer.*` or `layers.0.*`)."""
-    path = Path(path)
-    hf = read_config(path)
+def config_from_hf(hf: dict[str, Any], target_cfg: ModelConfig) -> Eagle3Config:
+    """The head's architecture from its config.json dict (SpecForge's, vLLM's or
+    `Eagle3Config.to_hf`), checked against the target's; ValueError naming the field."""
     _check(hf, "hidden_size", target_cfg.hidden_size, "the target")
     _check(hf, "target_hidden_size", target_cfg.hidden_size, "the target")
     _check(hf, "vocab_size", target_cfg.vocab_size, "the target")
@@ -101,12 +98,20 @@ def load_eagle3(
     aux = hf.get("eagle_aux_hidden_state_layer_ids") or (2, L // 2, L - 3)
     if len(aux) != 3 or not all(0 <= i <= L for i in aux):
         raise ValueError(f"eagle_aux_hidden_state_layer_ids={aux} invalid for {L} target layers")
-    cfg = Eagle3Config.from_layer(
+    return Eagle3Config.from_layer(
         layer,
         hf.get("draft_vocab_size") or layer.vocab_size,
         aux,
         norm_before_residual=bool(hf.get("norm_before_residual", False)),
     )
+
+
+def load_eagle3(
+    path: str | Path, target_cfg: ModelConfig, embed: Embed | Transformer | None = None
+) -> Eagle3Head:
+    """Read a head saved by `save_eagle3`, SpecForge or vLLM (`midlayer.*` or `layers.0.*`)."""
+    path = Path(path)
+    cfg = config_from_hf(read_config(path), target_cfg)
     head = Eagle3Head(cfg, embed)  # every parameter and buffer is overwritten below
     files = sorted(path.glob("*.safetensors"))
     if not files:

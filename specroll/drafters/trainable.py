@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from specroll.drafters.eagle3_io import load_eagle3, save_eagle3
+from specroll.drafters.eagle3 import Eagle3Head
+from specroll.drafters.eagle3_io import config_from_hf, load_eagle3, save_eagle3
+from specroll.drafters.mtp import MTPConfig, MTPDraft
 from specroll.drafters.mtp_io import load_mtp, save_mtp
 
 if TYPE_CHECKING:
@@ -87,6 +89,22 @@ def save_draft(draft: TrainableDraft, out_dir: str | Path) -> None:
         save_mtp(draft, out_dir)
     else:
         raise ValueError(f"unknown draft kind {draft.kind!r}; expected one of {KINDS}")
+
+
+def draft_config(draft: TrainableDraft) -> dict[str, Any]:
+    """The draft's architecture as the config.json `save_draft` writes (plain JSON values:
+    a checkpoint stores it, so that `new_draft` can rebuild the network from it)."""
+    return draft.cfg.to_hf() if draft.kind == "eagle3" else draft.cfg.to_dict()
+
+
+def new_draft(kind: str, config: dict[str, Any], policy: Transformer) -> TrainableDraft:
+    """An untrained draft of `kind` with the architecture `config` (`draft_config`), on
+    `policy`; its weights are for the caller to fill."""
+    if kind == "eagle3":
+        return Eagle3Head(config_from_hf(config, policy.cfg), embed=policy)
+    if kind == "mtp":
+        return MTPDraft(MTPConfig(**config), policy)
+    raise ValueError(f"unknown draft kind {kind!r}; expected one of {KINDS}")
 
 
 def load_draft(path: str | Path, policy: Transformer) -> TrainableDraft:

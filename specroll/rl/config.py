@@ -35,6 +35,8 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 """`loss.aggregation` values (`rl.algo.loss.micro_share`)."""
 KL_ESTIMATORS = ("k1", "k2", "k3")
 """`loss.kl_estimator` values (`rl.algo.loss.kl_estimate`)."""
+EXPORT_DTYPES = ("float32", "bfloat16")
+"""`pipeline.export_dtype` values (and `specroll export --dtype`)."""
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -452,10 +454,17 @@ class PipelineConfig:
     """Asynchronous RL: rollouts for steps t+1..t+max_lag are generated while the learner
     trains step t (samples up to max_lag updates old; older ones are dropped and counted).
     0 = synchronous. Overlap needs the Ray backend."""
+    export_every: int = 0
+    """Every this many steps, write a loadable HF export of the policy (and its draft/)
+    to out_dir/exports/step-NNNNNN; all are kept (0 = only the final policy/)."""
+    export_dtype: str = "float32"
+    """Weights of the exports and the final policy/: 'float32' or 'bfloat16'."""
 
     def __post_init__(self) -> None:
         _bound("pipeline", self, "steps", 1)
         _bound("pipeline", self, "max_lag", 0)
+        _bound("pipeline", self, "export_every", 0)
+        _one_of("pipeline", self, "export_dtype", EXPORT_DTYPES)
         _bound("pipeline", self, "checkpoint_every", 0)
         _bound("pipeline", self, "keep_checkpoints", 1)
 
@@ -466,6 +475,29 @@ class LogConfig:
 
     tensorboard: bool = False
     """Also write TensorBoard events (needs the tensorboard package)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (`pip install specroll[wandb]`; WANDB_MODE=offline
+    writes the run under out_dir/wandb without a network)."""
+    wandb_project: str = "specroll"
+    """The W&B project."""
+    mlflow: bool = False
+    """Also log to MLflow (`pip install specroll[mlflow]`)."""
+    mlflow_uri: str = ""
+    """MLflow tracking URI; '' = a file store in out_dir/mlruns."""
+    mlflow_experiment: str = "specroll"
+    """The MLflow experiment."""
+    run_name: str = ""
+    """The run's name in W&B and MLflow; '' = the name of out_dir."""
+    samples: int = 0
+    """Completions per step written to out_dir/samples.jsonl (and the loggers): prompt,
+    completion, reward, length, acceptance; the same ones for a step every time."""
+
+    def __post_init__(self) -> None:
+        _bound("log", self, "samples", 0)
+        _check(
+            not self.wandb or bool(self.wandb_project),
+            "log.wandb_project must not be empty when log.wandb=true",
+        )
 
 
 @dataclass

@@ -35,6 +35,7 @@ from specroll.rl.run import checkpoint
 RUN_FILE = "run.json"
 OUTPUTS = (
     "metrics.jsonl",
+    "samples.jsonl",
     "config.json",
     "report.md",
     "reward.png",
@@ -44,6 +45,9 @@ OUTPUTS = (
     "policy",
     "draft",
     "tb",
+    "wandb",
+    "mlruns",
+    "exports",
     RUN_FILE,
 )
 """Everything a run writes into its directory (what --overwrite deletes)."""
@@ -63,6 +67,9 @@ WRITTEN_IN = {
     ),
     "draft": ("config.json", "*.safetensors"),
     "tb": ("events.out.tfevents.*",),
+    "wandb": ("offline-run-*", "run-*", "latest-run", "debug*.log"),
+    "mlruns": ("[0-9]*", ".trash", "models"),  # MLflow's file store: experiments by id
+    "exports": ("step-*", ".tmp-step-*", ".old-step-*"),
 }
 """What a run writes inside its output directories; anything else there is the user's,
 and --overwrite refuses to delete it."""
@@ -72,6 +79,15 @@ FREE_TO_CHANGE = {
     ("pipeline", "out_dir"),
     ("rollout", "backend"),
     ("log", "tensorboard"),
+    ("log", "wandb"),
+    ("log", "wandb_project"),
+    ("log", "mlflow"),
+    ("log", "mlflow_uri"),
+    ("log", "mlflow_experiment"),
+    ("log", "run_name"),
+    ("log", "samples"),
+    ("pipeline", "export_every"),
+    ("pipeline", "export_dtype"),
     ("rollout", "device"),
     ("learner", "device"),
     ("learner", "strategy"),
@@ -187,6 +203,9 @@ def _check_fresh(out: Path, overwrite: bool) -> Plan:
             RUN_FILE,
             "config.json",
             "metrics.jsonl",
+            "samples.jsonl",
+            "wandb",
+            "mlruns",
         }:
             return Plan("fresh")  # a run that stopped before its first step: reclaimed
         shown = ", ".join(n + "/" if (out / n).is_dir() else n for n in present)
@@ -266,6 +285,10 @@ def start(out: str | Path, config: dict, plan: Plan) -> str:
     return run_id
 
 
+def _lines(path: Path) -> list[str]:
+    return outputs.read_lines(path) if path.exists() else []
+
+
 def _norm(v):
     return list(v) if isinstance(v, tuple) else v
 
@@ -277,7 +300,7 @@ SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 class RunDir:
     """A run's directory while it trains: locked against other processes, claimed (fresh)
     or reopened (resume, finalize) from a checked `Plan`, its `metrics.jsonl` (one whole
-    line per step), and the stop signals: the first Ctrl-C or SIGTERM sets
+    line per step) and `samples.jsonl`, and the stop signals: the first Ctrl-C or SIGTERM sets
     `stop_requested` (the trainer stops at the next stage boundary and saves), a second
     exits at once, saying so.
 
@@ -288,6 +311,7 @@ class RunDir:
     ) -> None:
         self.out, self.config, self.plan, self.log = Path(out), config, plan, log
         self.metrics = self.out / "metrics.jsonl"
+        self.samples = self.out / "samples.jsonl"
         self.run_id = ""
         """The id of the run that owns the directory (stamped on every checkpoint)."""
         self.stop_requested = False
@@ -297,25 +321,32 @@ class RunDir:
         self._previous: dict = {}
 
     def open(self, resumed_step: int = 0) -> None:
-        """Lock and claim the directory (fresh) or reopen it, keeping only the metrics of
-        steps up to `resumed_step` (resume: lines past the checkpoint are redone)."""
+        """Lock and claim the directory (fresh) or reopen it, keeping only the metrics and
+        samples of steps up to `resumed_step` (resume: lines past the checkpoint are redone)."""
         self.lock.acquire()
         self.run_id = start(self.out, self.config, self.plan)
         if self.plan.action == "fresh":
             outputs.write_text(self.metrics, "")
         elif self.plan.action == "resume":
-            rows = [x for x in self._lines() if json.loads(x).get("step", 0) <= resumed_step]
-            outputs.write_text(self.metrics, "".join(x + "\n" for x in rows))
+            for path in (self.metrics, self.samples):
+                if path.exists():
+                    keep = [x for x in _lines(path) if json.loads(x).get("step", 0) <= resumed_step]
+                    outputs.write_text(path, "".join(x + "\n" for x in keep))
 
     def close(self) -> None:
         self.lock.release()
 
     def _lines(self) -> list[str]:
-        return outputs.read_lines(self.metrics) if self.metrics.exists() else []
+        return _lines(self.metrics)
 
     def append(self, row: dict) -> None:
         """One line of metrics."""
         outputs.append_line(self.metrics, json.dumps(row))
+
+    def append_samples(self, rows: list[dict]) -> None:
+        """A step's sample completions, a line each (`samples.rows`)."""
+        for row in rows:
+            outputs.append_line(self.samples, json.dumps(row, ensure_ascii=False))
 
     def rows(self) -> list[dict]:
         """Every metrics line of the run so far."""

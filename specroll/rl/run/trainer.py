@@ -18,13 +18,14 @@ at once (`rundir.RunDir`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from specroll.drafters.trainable import TrainableDraft
+from specroll.drafters.trainable import TrainableDraft, draft_config
 from specroll.engine.profile import PROFILE_PROMPTS_SEED
 from specroll.model.transformer import Transformer
 from specroll.rl.algo.batch import Batch
@@ -35,7 +36,8 @@ from specroll.rl.errors import NonFiniteError, Stopped
 from specroll.rl.learner import build_host
 from specroll.rl.learner.schedule import lr_at
 from specroll.rl.rollout import build_rollout
-from specroll.rl.run import checkpoint, rundir, tensorboard
+from specroll.rl.run import checkpoint, export, rundir, samples
+from specroll.rl.run.loggers import Loggers, check_installed, open_loggers
 from specroll.rl.run.refill import StepGroups, refill, score
 from specroll.rl.run.report import step_metrics, write_report
 from specroll.rl.run.task import VALIDATION_SEED, Task, step_seed
@@ -62,6 +64,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.tok, self.log = cfg, tok, log
         self.out = Path(cfg.pipeline.out_dir)
+        check_installed(cfg)  # the loggers' packages, before any engine starts
         torch.manual_seed(cfg.pipeline.seed)
         self.task = Task(cfg, tok)
         """What each step samples: problems, requests and their seeds, rewards."""
@@ -77,6 +80,12 @@ class Trainer:
             self.rollout, self.task, cfg.pipeline.max_lag, cfg.pipeline.steps
         )
         self.old_logprobs = OldLogprobs(cfg, log)
+        self.draft_config = (
+            {"kind": draft.kind, "config": draft_config(draft)} if draft is not None else None
+        )
+        """The draft's architecture, kept in checkpoints (`specroll export` rebuilds it)."""
+        self.samples: list[dict] = []
+        """The last step's sample completions (`log.samples`)."""
         self.step = 0
         self.val_by_source: dict[str, float] = {}
         """The last validation's accuracy per data source ('val_accuracy/<source>')."""
@@ -122,6 +131,10 @@ class Trainer:
         rewards = scores.total  # [P, G]
         if s == 0 and not bool(rewards.any()):  # no signal: say why, once
             self.log(f"warning: {self.task.zero_reward_hint(problems, results, G)}")
+        n, spec = cfg.log.samples, self.rollout.speculative
+        self.samples = samples.rows(
+            s + 1, n, problems, results, rewards, self.tok, scores.parts, speculative=spec
+        )
         adv, keep = score(cfg, rewards, results)
         t["reward"] = time.perf_counter() - t0
         groups = StepGroups(problems, results, rewards, adv, keep)
@@ -190,11 +203,14 @@ class Trainer:
 
     def checkpoint_state(self) -> dict:
         """What `state.pt` holds: the config, the old-log-prob source and the learner."""
-        return {
+        out = {
             "config": self.cfg.to_dict(),
             **self.old_logprobs.state_dict(),
             **self.host.checkpoint_state(),
         }
+        if self.draft_config is not None:
+            out["draft_config"] = self.draft_config
+        return out
 
     def restore(self, state: dict) -> None:
         """Continue from a checkpoint's state (`checkpoint.load`)."""
@@ -252,14 +268,16 @@ class Trainer:
             self.log(f"resumed from {plan.checkpoint} (step {self.step})")
         run_dir.open(self.step)
         history: list[dict] = []
-        writer = tensorboard.writer(self.out) if cfg.log.tensorboard else None
+        loggers = Loggers([])
         try:
+            loggers = open_loggers(cfg, self.out, run_dir.run_id)
             with run_dir:
                 if plan.action != "finalize":
-                    self._loop(run_dir, writer, history, on_step)
+                    self._loop(run_dir, loggers, history, on_step)
                     self.save_checkpoint()
                 self.host.export(self.out.resolve())
-                self.tok.hf.save_pretrained(str(self.out / "policy"))
+                rollout = dataclasses.asdict(cfg.rollout)
+                export.finish(self.out / "policy", self.tok.hf, rollout, cfg.pipeline.export_dtype)
                 write_report(self.out, run_dir.rows(), cfg)
         except Interrupted:
             path = self.save_checkpoint()
@@ -276,8 +294,7 @@ class Trainer:
             ) from None
         finally:
             run_dir.close()
-            if writer is not None:
-                writer.close()
+            loggers.close()
         return history
 
     def _kept(self) -> str:
@@ -288,14 +305,15 @@ class Trainer:
         newest = checkpoint.latest(self.out / "checkpoints")
         return "the newest checkpoint holds good weights" + (f": {newest}" if newest else "")
 
-    def _loop(self, run_dir: rundir.RunDir, writer, history: list, on_step) -> None:
-        """Steps until `pipeline.steps`: validation, metrics, checkpoints."""
+    def _loop(self, run_dir: rundir.RunDir, loggers: Loggers, history: list, on_step) -> None:
+        """Steps until `pipeline.steps`: validation, metrics, samples, checkpoints, exports."""
         cfg = self.cfg
         # the starting accuracy, for reference (once: a run stopped after it and resumed
         # from its step-0 checkpoint has it logged already)
         if self.step == 0 and cfg.data.val_size and not run_dir.rows():
             m0 = {"step": 0, "val_accuracy": self.validate(), **self.val_by_source}
             run_dir.append(m0)
+            loggers.step(m0)
             history.append(m0)
             self.log(f"step 0: validation accuracy {m0['val_accuracy']:.3f}")
         while self.step < cfg.pipeline.steps:
@@ -304,13 +322,19 @@ class Trainer:
             if cfg.data.val_size and (self.step % cfg.data.val_every == 0 or last):
                 m["val_accuracy"] = self.validate()
                 m.update(self.val_by_source)
+            run_dir.append_samples(self.samples)
+            loggers.samples(self.step, self.samples)
             run_dir.append(m)
-            if writer is not None:
-                tensorboard.write(writer, m)
+            loggers.step(m)
             history.append(m)
             if on_step:
                 on_step(m)
             every = cfg.pipeline.checkpoint_every
             if every and self.step % every == 0 and not last:
                 self.save_checkpoint()
+            every = cfg.pipeline.export_every
+            if every and self.step % every == 0:
+                rollout = dataclasses.asdict(cfg.rollout)
+                dtype = cfg.pipeline.export_dtype
+                export.step_export(self.host, self.tok.hf, self.out, self.step, rollout, dtype)
             self._check_stop()

@@ -1,0 +1,148 @@
+"""What `specroll export` reads: a run directory or one of its checkpoints, as the policy,
+its draft, its tokenizer and the run's settings.
+
+* a checkpoint directory (`RUN/checkpoints/step-NNNNNN`): checked against its meta.json
+  (a damaged one is refused, saying why), its weights read from `state.pt` (tensors only,
+  `weights_only`) or, for a sharded learner's checkpoint, from its DCP `learner/`; the
+  architecture and tokenizer come from the run's `policy.model`, the draft's architecture
+  from the checkpoint (`draft_config`);
+* a run directory: its newest intact checkpoint (damaged newer ones are skipped, and
+  said so), or, when it has none left, its final `policy/` and `draft/`.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specroll.drafters.trainable import TrainableDraft, load_draft, new_draft
+from specroll.model.transformer import Transformer
+from specroll.model.weights import load_model, load_state, read_config
+from specroll.rl.run import checkpoint
+
+
+@dataclass
+class Source:
+    """Where an export's weights come from."""
+
+    path: Path
+    """The checkpoint directory, or the run directory whose final policy/ is exported."""
+    kind: str
+    """'checkpoint' or 'final'."""
+    config: dict
+    """The run's settings (`TrainConfig.to_dict()`)."""
+    skipped: list[str] = field(default_factory=list)
+    """Damaged newer checkpoints passed over, each with the reason."""
+
+    @property
+    def rollout(self) -> dict:
+        """The run's sampling settings (for generation_config.json)."""
+        return {"temperature": 1.0, "max_new_tokens": 128, **self.config.get("rollout", {})}
+
+
+def _run_config(run: Path) -> dict:
+    f = run / "config.json"
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{f}: unreadable ({getattr(e, 'strerror', None) or e})") from e
+
+
+def _checkpoint(path: Path, skipped: list[str] | None = None) -> Source:
+    why = checkpoint.damage(path)
+    if why is not None:
+        raise ValueError(f"{path} is a damaged checkpoint: {why}")
+    meta = checkpoint.meta(path)
+    if meta.get("format") != checkpoint.FORMAT:
+        raise ValueError(
+            f"{path} is in checkpoint format {meta.get('format', 1)}; this specroll reads "
+            f"format {checkpoint.FORMAT}"
+        )
+    return Source(path, "checkpoint", meta["config"], skipped or [])
+
+
+def resolve(arg: str | Path) -> Source:
+    """The export source named on the command line (checked, nothing loaded yet)."""
+    p = Path(arg)
+    if not p.exists():
+        raise ValueError(f"RUN_OR_CHECKPOINT={p} does not exist")
+    if (p / "meta.json").exists() or (p / "state.pt").exists():
+        return _checkpoint(p)
+    if (p / "checkpoints").is_dir() or (p / "policy").is_dir():
+        ck, skipped = checkpoint.newest_intact(p / "checkpoints")
+        if ck is not None:
+            return _checkpoint(ck, skipped)
+        if (p / "policy" / "config.json").is_file():
+            return Source(p, "final", _run_config(p), skipped)
+        raise ValueError(
+            f"{p}: no intact checkpoint under {p / 'checkpoints'} and no final policy/"
+            + (": " + "; ".join(skipped) if skipped else "")
+        )
+    raise ValueError(
+        f"RUN_OR_CHECKPOINT={p} is neither a run directory (checkpoints/, policy/) nor a "
+        "checkpoint (meta.json, state.pt)"
+    )
+
+
+def _base_dir(src: Source) -> Path:
+    """The run's policy.model as a directory: the architecture and tokenizer."""
+    from specroll.model.hub import resolve as resolve_model
+
+    model = src.config.get("policy", {}).get("model", "")
+    try:
+        return resolve_model(model)
+    except (ValueError, OSError, RuntimeError) as e:
+        raise ValueError(
+            f"{src.path}: the run's policy.model={model!r} gives the architecture and the "
+            f"tokenizer, and it is not usable here: {e}"
+        ) from e
+
+
+def _draft_spec(src: Source, state: dict) -> dict | None:
+    """{kind, config} of the checkpoint's draft (older checkpoints: the run's draft/)."""
+    if "draft_config" in state:
+        return state["draft_config"]
+    final = src.path.parent.parent / "draft" / "config.json"
+    if final.is_file():
+        kind = "mtp" if (final.parent / "mtp.safetensors").is_file() else "eagle3"
+        return {"kind": kind, "config": json.loads(final.read_text())}
+    return None
+
+
+def load(src: Source, log=print) -> tuple[Transformer, TrainableDraft | None, object]:
+    """(policy, draft or None, tokenizer) of the source, in fp32 on the CPU."""
+    from specroll.model.tokenizer import Tokenizer
+
+    if src.kind == "final":
+        policy = load_model(src.path / "policy")
+        draft_dir = src.path / "draft"
+        draft = load_draft(draft_dir, policy) if (draft_dir / "config.json").is_file() else None
+        return policy, draft, Tokenizer(src.path / "policy")
+    base = _base_dir(src)
+    policy = Transformer(read_config(base))
+    state = torch.load(src.path / "state.pt", weights_only=True, mmap=True)
+    spec = _draft_spec(src, state)
+    draft = new_draft(spec["kind"], spec["config"], policy) if spec else None
+    if "draft" in state and draft is None:
+        log(
+            f"warning: {src.path} holds no draft architecture (an older specroll wrote it); "
+            "exported without draft/"
+        )
+    if "policy" in state:
+        load_state(policy, state["policy"], f"{src.path}: the policy")
+        if draft is not None:
+            load_state(draft, state["draft"], f"{src.path}: the draft")
+    else:  # a sharded learner's checkpoint: read the weights from its DCP state
+        import torch.distributed.checkpoint as dcp
+
+        sd = {"policy": policy.state_dict()}
+        if draft is not None:
+            sd["draft"] = draft.state_dict()
+        with warnings.catch_warnings():  # one process without a group: meant
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(sd, checkpoint_id=str(src.path / "learner"))
+    return policy, draft, Tokenizer(base)
