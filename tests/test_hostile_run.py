@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from specroll.cli import main
 from specroll.rl.run import checkpoint
 from specroll.rl.run.report import step_line, summarise
+from specroll.rl.run.task import StepRewards
 from tests.conftest import err_text, train_tiny
 
 
@@ -226,6 +227,11 @@ def test_sigterm_saves_and_the_resumed_run_repeats_the_uninterrupted_one(home, f
     assert _comparable(_rows(out)) == _comparable(_rows(finished))
 
 
+def _even_scores(self, problems, results, samples):
+    """`Task.score` with `_even_answers` (every reward of a step goes through it)."""
+    return StepRewards(_even_answers(self, problems, results, samples), {})
+
+
 def _even_answers(self, problems, results, samples):
     """Rewards that make a group informative iff its answer is even (the tiny policy's own
     are almost all 0, and refill would find nothing to keep)."""
@@ -260,7 +266,7 @@ def test_a_resumed_run_with_refill_and_a_schedule_repeats_the_uninterrupted_one(
 ):
     from specroll.rl.run.task import Task
 
-    monkeypatch.setattr(Task, "rewards", _even_answers)
+    monkeypatch.setattr(Task, "score", _even_scores)
     whole = tmp_path / "whole"
     _trainer(whole, *ISSUE_31).run()
     rows = _rows(whole)
@@ -360,16 +366,16 @@ def test_a_non_finite_update_stops_training_and_keeps_the_last_good_weights(
     """A NaN reaching the loss at step 2 (here through the advantages, as a reward of NaN
     would): the update is not applied, the step-1 weights are saved, nothing NaN is
     exported, and the command fails naming what went non-finite."""
-    import specroll.rl.run.trainer as trainer_module
+    from specroll.rl.algo import loss
 
-    real, calls = trainer_module.loss.step_advantages, []
+    real, calls = loss.step_advantages, []
 
     def nan_at_step_2(*args, **kwargs):
         adv, keep = real(*args, **kwargs)
         calls.append(1)
         return (adv * float("nan") if len(calls) == 2 else adv), keep
 
-    monkeypatch.setattr(trainer_module.loss, "step_advantages", nan_at_step_2)
+    monkeypatch.setattr(loss, "step_advantages", nan_at_step_2)
     out = tmp_path / "run"
     assert train_tiny(out, "--steps", "4") == 1
     err = err_text(capsys)

@@ -107,11 +107,18 @@ def test_mlflow_file_store_holds_each_steps_metrics_and_samples(run, tmp_path):
     history = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "reward")}
     rewards = {m["step"]: m["reward"] for m in _rows(run / "metrics.jsonl") if "reward" in m}
     assert history == pytest.approx(rewards)
+    # components beside the total ('/' written '.': a file store cannot hold both)
+    math = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "reward.math")}
+    assert math == pytest.approx({s: m["reward/math"] for s, m in _by_step(run).items()})
     files = [f.path for f in client.list_artifacts(r.info.run_id, "samples")]
     assert files == [f"samples/step-{s:06d}.json" for s in (1, 2)]
     local = client.download_artifacts(r.info.run_id, files[1], str(tmp_path))
     logged = json.loads(Path(local).read_text())
     assert logged == [x for x in _rows(run / "samples.jsonl") if x["step"] == 2]
+
+
+def _by_step(run: Path) -> dict[int, dict]:
+    return {m["step"]: m for m in _rows(run / "metrics.jsonl") if "reward" in m}
 
 
 def test_samples_are_a_pure_function_of_the_step(run):

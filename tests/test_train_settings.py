@@ -14,7 +14,7 @@ from specroll.rl.algo import loss as L
 from specroll.rl.algo.logprobs import head_logprobs, sequence_logprobs, truncated
 from specroll.rl.config import build_config
 from specroll.rl.learner.schedule import lr_at, lr_factor
-from specroll.rl.run.task import Task
+from specroll.rl.run.task import StepRewards, Task
 from tests.conftest import make_trainer, step_batch
 from tests.test_learner import tiny_batch, tiny_policy
 
@@ -201,6 +201,11 @@ def test_top_k_top_p_rollouts_stay_in_the_nucleus_and_match_the_learner(tiny_set
 # ---------------------------------------------------------------- the step
 
 
+def _even_scores(self, problems, results, samples):
+    """`Task.score` with `_even_answers` (every reward of a step goes through it)."""
+    return StepRewards(_even_answers(self, problems, results, samples), {})
+
+
 def _even_answers(self, problems, results, samples):
     """Rewards that make a group informative iff its answer is even (the tiny policy's
     own rewards are almost all 0): one sample of such a group scores 1."""
@@ -221,7 +226,7 @@ SMALL = (
 
 
 def test_refill_tops_up_informative_groups_from_fresh_prompts(tiny_setup, tmp_path, monkeypatch):
-    monkeypatch.setattr(Task, "rewards", _even_answers)
+    monkeypatch.setattr(Task, "score", _even_scores)
     on = ("loss.drop_uniform_groups=true", "loss.max_refill_rounds=4", *SMALL)
     t = make_trainer(tiny_setup, tmp_path / "a", *on)
     own = t.task.problems(0)
@@ -240,7 +245,7 @@ def test_refill_tops_up_informative_groups_from_fresh_prompts(tiny_setup, tmp_pa
 
 
 def test_mask_truncated_leaves_cut_responses_out(tiny_setup, tmp_path, monkeypatch):
-    monkeypatch.setattr(Task, "rewards", _even_answers)
+    monkeypatch.setattr(Task, "score", _even_scores)
     t = make_trainer(tiny_setup, tmp_path / "a", "loss.mask_truncated=true", *SMALL)
     m = t.run_step()  # six tokens: the random tiny policy rarely stops that soon
     cut = sum(n == 6 for n in m["response_lengths"])  # (none of this seed stops at 6)

@@ -58,7 +58,9 @@ class MlflowLogger:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, m["step"]) for k, v in scalars(m).items()]
+        # '/' becomes '.': the file store keeps metric 'a/b' as a file under a directory
+        # 'a', which cannot also be the file of metric 'a' (reward and reward/math)
+        metrics = [Metric(k.replace("/", "."), v, now, m["step"]) for k, v in scalars(m).items()]
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def samples(self, step: int, rows: list[dict]) -> None:
