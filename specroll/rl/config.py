@@ -9,18 +9,23 @@ message that names them and lists what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specroll.device import check_device_name, check_dtype_name
 from specroll.drafters.trainable import KINDS
-from specroll.rl.config_io import apply_overrides, build_sections, check_names, layer, read_yaml
-from specroll.tasks import reward_refs
-from specroll.tasks.arithmetic import LEVELS
-from specroll.tasks.files import check_source
-from specroll.tasks.reward import NEEDS_ANSWER
+from specroll.rl.config_io import (
+    apply_overrides,
+    bound,
+    build_sections,
+    check,
+    check_names,
+    layer,
+    one_of,
+    read_yaml,
+)
+from specroll.rl.config_task import DataConfig, LogConfig, RewardConfig
 
 PRESETS = Path(__file__).parent / "presets"
 ROLLOUT_BACKENDS = ("local", "ray", "vllm")
@@ -37,24 +42,6 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 """`loss.kl_estimator` values (`rl.algo.loss.kl_estimate`)."""
 EXPORT_DTYPES = ("float32", "bfloat16")
 """`pipeline.export_dtype` values (and `specroll export --dtype`)."""
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
-def _bound(section: str, cfg: Any, name: str, low: float, above: bool = False) -> None:
-    """ValueError naming `section.name` unless its value is >= low (> low: `above`)."""
-    value = getattr(cfg, name)
-    ok = value > low if above else value >= low
-    _check(ok, f"{section}.{name} must be {'>' if above else '>='} {low}, got {value}")
-
-
-def _one_of(section: str, cfg: Any, name: str, allowed: tuple) -> None:
-    """ValueError naming `section.name` and the allowed values unless it is one of them."""
-    value = getattr(cfg, name)
-    _check(value in allowed, f"{section}.{name} must be one of {allowed}, got {value!r}")
 
 
 @dataclass
@@ -80,16 +67,16 @@ class PolicyConfig:
     """lr_schedule 'linear' / 'cosine': the floor of the decay, as a fraction of lr."""
 
     def __post_init__(self) -> None:
-        _bound("policy", self, "lr", 0, above=True)
-        _bound("policy", self, "grad_clip", 0, above=True)
-        _bound("policy", self, "micro_batch", 1)
-        _bound("policy", self, "warmup_steps", 0)
-        _one_of("policy", self, "lr_schedule", LR_SCHEDULES)
-        _check(
+        bound("policy", self, "lr", 0, above=True)
+        bound("policy", self, "grad_clip", 0, above=True)
+        bound("policy", self, "micro_batch", 1)
+        bound("policy", self, "warmup_steps", 0)
+        one_of("policy", self, "lr_schedule", LR_SCHEDULES)
+        check(
             0 <= self.min_lr_ratio <= 1,
             f"policy.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}",
         )
-        _check(
+        check(
             self.min_lr_ratio == 0 or self.lr_schedule != "constant",
             f"policy.min_lr_ratio={self.min_lr_ratio} needs policy.lr_schedule 'linear' or "
             "'cosine' (a constant schedule does not decay)",
@@ -135,27 +122,27 @@ class RolloutConfig:
     learner scores the same truncated, renormalised distribution."""
 
     def __post_init__(self) -> None:
-        _bound("rollout", self, "temperature", 0, above=True)
-        _bound("rollout", self, "top_k", 0)
-        _check(0 < self.top_p <= 1, f"rollout.top_p must be in (0, 1], got {self.top_p}")
-        _bound("rollout", self, "max_new_tokens", 1)
-        _bound("rollout", self, "max_batch", 1)
-        _bound("rollout", self, "k", 1)
+        bound("rollout", self, "temperature", 0, above=True)
+        bound("rollout", self, "top_k", 0)
+        check(0 < self.top_p <= 1, f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        bound("rollout", self, "max_new_tokens", 1)
+        bound("rollout", self, "max_batch", 1)
+        bound("rollout", self, "k", 1)
         # hard caps whatever the model (its context window bounds both further:
         # rl.budget); each value sizes engine buffers before a token is generated
-        _check(
+        check(
             self.k <= 64,
             f"rollout.k must be <= 64 (draft positions past a few dozen are almost never "
             f"accepted, and each one costs memory and a verification column), got {self.k}",
         )
-        _check(
+        check(
             self.max_new_tokens <= 1 << 20,
             f"rollout.max_new_tokens must be <= {1 << 20} (longer than the context window "
             f"of any supported model), got {self.max_new_tokens}",
         )
-        _bound("rollout", self, "spec_max_batch", 0)
-        _one_of("rollout", self, "depth", DEPTHS)
-        _one_of("rollout", self, "backend", ROLLOUT_BACKENDS)
+        bound("rollout", self, "spec_max_batch", 0)
+        one_of("rollout", self, "depth", DEPTHS)
+        one_of("rollout", self, "backend", ROLLOUT_BACKENDS)
         check_device_name("rollout.device", self.device)
         check_dtype_name("rollout.dtype", self.dtype)
 
@@ -194,25 +181,25 @@ class LearnerConfig:
     passing through this process), or 'auto' (ray when rollout.backend is ray)."""
 
     def __post_init__(self) -> None:
-        _one_of("learner", self, "strategy", STRATEGIES)
-        _check(
+        one_of("learner", self, "strategy", STRATEGIES)
+        check(
             isinstance(self.ranks, int) and self.ranks >= 1,
             f"learner.ranks must be an integer >= 1, got {self.ranks!r}",
         )
-        _check(
+        check(
             self.ranks <= 1024,
             f"learner.ranks must be <= 1024 (each rank is a process with its own "
             f"activations), got {self.ranks}",
         )
-        _check(
+        check(
             self.ranks == 1 or self.strategy == "fsdp",
             f"learner.ranks={self.ranks} needs learner.strategy=fsdp (single is one process)",
         )
-        _one_of("learner", self, "placement", PLACEMENTS)
+        one_of("learner", self, "placement", PLACEMENTS)
         check_device_name("learner.device", self.device)
         check_dtype_name("learner.dtype", self.dtype)
-        _one_of("learner", self, "recompute_logprobs", RECOMPUTE)
-        _bound("learner", self, "check_every", 1)
+        one_of("learner", self, "recompute_logprobs", RECOMPUTE)
+        bound("learner", self, "check_every", 1)
 
 
 @dataclass
@@ -239,13 +226,13 @@ class DraftConfig:
     """Draft vocabulary when init='random'."""
 
     def __post_init__(self) -> None:
-        _bound("draft", self, "weight", 0)
-        _bound("draft", self, "lr", 0, above=True)
-        _bound("draft", self, "ttt_steps", 1)
-        _check(
+        bound("draft", self, "weight", 0)
+        bound("draft", self, "lr", 0, above=True)
+        bound("draft", self, "ttt_steps", 1)
+        check(
             0 < self.step_decay <= 1, f"draft.step_decay must be in (0, 1], got {self.step_decay}"
         )
-        _one_of("draft", self, "kind", KINDS)
+        one_of("draft", self, "kind", KINDS)
 
 
 MAX_REFILL_ROUNDS = 64
@@ -295,141 +282,27 @@ class LossConfig:
     slightly different distribution than the learner scores); 0 = off."""
 
     def __post_init__(self) -> None:
-        _check(0 <= self.clip_low < 1, f"loss.clip_low must be in [0, 1), got {self.clip_low}")
-        _bound("loss", self, "clip_high", 0)
-        _bound("loss", self, "overlong_buffer", 0)
-        _bound("loss", self, "kl_coef", 0)
-        _bound("loss", self, "updates_per_step", 1)
-        _check(
+        check(0 <= self.clip_low < 1, f"loss.clip_low must be in [0, 1), got {self.clip_low}")
+        bound("loss", self, "clip_high", 0)
+        bound("loss", self, "overlong_buffer", 0)
+        bound("loss", self, "kl_coef", 0)
+        bound("loss", self, "updates_per_step", 1)
+        check(
             self.tis_cap == 0 or self.tis_cap >= 1,
             f"loss.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}",
         )
-        _one_of("loss", self, "aggregation", AGGREGATIONS)
-        _one_of("loss", self, "kl_estimator", KL_ESTIMATORS)
-        _bound("loss", self, "max_refill_rounds", 0)
-        _check(
+        one_of("loss", self, "aggregation", AGGREGATIONS)
+        one_of("loss", self, "kl_estimator", KL_ESTIMATORS)
+        bound("loss", self, "max_refill_rounds", 0)
+        check(
             self.max_refill_rounds <= MAX_REFILL_ROUNDS,
             f"loss.max_refill_rounds must be <= {MAX_REFILL_ROUNDS}, got {self.max_refill_rounds}",
         )
-        _check(
+        check(
             self.max_refill_rounds == 0 or self.drop_uniform_groups,
             f"loss.max_refill_rounds={self.max_refill_rounds} refills dropped groups: it "
             "needs loss.drop_uniform_groups=true",
         )
-
-
-TEMPLATE_ARGS = ("conversation", "messages", "tokenize", "add_generation_prompt", "return_dict")
-"""apply_chat_template arguments the trainer sets itself (not for data.chat_template_kwargs)."""
-
-
-@dataclass
-class DataConfig:
-    """Prompts, groups and validation. Training data is the procedural math task unless
-    `train` (or, as before, `task`) names a file: JSONL, Parquet, or a directory saved by
-    datasets' save_to_disk."""
-
-    task: str = "math"
-    """'math' (procedural arithmetic), or a data file (the older spelling of `train`)."""
-    train: str = ""
-    """Training records: a JSONL/Parquet file or a save_to_disk directory ('' = `task`)."""
-    val: str = ""
-    """Validation records, the same forms; its first `val_size` are used. '' = the training
-    file's last val_size records (held out of training), or the math task's own stream."""
-    prompt_key: str = "prompt"
-    """Record field holding the prompt: a string, or chat messages (kept whole)."""
-    answer_key: str = "answer"
-    """Record field holding the ground truth (a dotted path reaches into objects; without
-    an 'answer' field, 'reward_model.ground_truth' as in DAPO-Math-17K)."""
-    system_prompt: str = ""
-    """A system message put before every prompt that has none of its own ('' = none)."""
-    chat_template_kwargs: dict = field(default_factory=dict)
-    """Extra arguments of the tokenizer's chat template, e.g. {enable_thinking: false}."""
-    levels: tuple[int, ...] = (1, 2)
-    """Difficulty levels of the math task (mixed round-robin)."""
-    prompts_per_step: int = 8
-    """Prompts per RL step."""
-    group_size: int = 8
-    """Samples per prompt (G)."""
-    val_size: int = 64
-    """Held-out validation prompts (0 = no validation)."""
-    val_every: int = 5
-    """Validate every this many steps (and at the end)."""
-
-    def __post_init__(self) -> None:
-        self.levels = tuple(int(x) for x in self.levels)
-        bad = [lv for lv in self.levels if lv not in LEVELS]
-        _check(
-            bool(self.levels) and not bad,
-            f"data.levels must be a non-empty subset of {sorted(LEVELS)}, got {list(self.levels)}",
-        )
-        _bound("data", self, "prompts_per_step", 1)
-        _check(
-            self.group_size >= 2,
-            f"data.group_size must be >= 2 (GRPO compares samples), got {self.group_size}",
-        )
-        _bound("data", self, "val_size", 0)
-        _bound("data", self, "val_every", 1)
-        if self.task != "math" and not Path(self.task).is_file():
-            raise ValueError(f"data.task must be 'math' or an existing file, got {self.task!r}")
-        _check(
-            not (self.train and self.task != "math"),
-            f"data.train={self.train!r} and data.task={self.task!r} both name training "
-            f"data: give it as data.train only (data.task stays 'math')",
-        )
-        check_source("data.train", self.train)
-        check_source("data.val", self.val)
-        for name in ("prompt_key", "answer_key"):
-            _check(bool(getattr(self, name).strip()), f"data.{name} must not be empty")
-        kwargs = self.chat_template_kwargs
-        _check(
-            isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs),
-            f"data.chat_template_kwargs must be a mapping of names to values, got {kwargs!r}",
-        )
-        taken = sorted(set(kwargs) & set(TEMPLATE_ARGS))
-        _check(
-            not taken,
-            f"data.chat_template_kwargs may not set {', '.join(taken)} (the trainer sets "
-            f"{', '.join(TEMPLATE_ARGS)})",
-        )
-
-    @property
-    def train_file(self) -> str:
-        """The training data file or directory ('' = the procedural math task)."""
-        return self.train or ("" if self.task == "math" else self.task)
-
-
-@dataclass
-class RewardConfig:
-    """What a completion earns: built-in or user reward functions, weighted and summed
-    (README: "Train on your own data"; the signature: `tasks.rewards`)."""
-
-    functions: tuple[str, ...] = ("math",)
-    """Built-ins (math, exact_match, format) or 'path/to/file.py:fn' / 'package.module:fn'
-    with fn(prompt, completion, record) -> float | dict[str, float]."""
-    weights: tuple[float, ...] = ()
-    """One weight per function (() = all 1)."""
-    timeout_s: float = 30.0
-    """Seconds a user function may take on one completion before the step fails."""
-
-    def __post_init__(self) -> None:
-        self.functions = tuple(self.functions)
-        self.weights = tuple(float(w) for w in self.weights)
-        reward_refs.check(self.functions)  # before any model loads; runs no user code
-        _check(
-            not self.weights or len(self.weights) == len(self.functions),
-            f"reward.weights must give one weight per reward.functions entry "
-            f"({len(self.functions)}), got {len(self.weights)}",
-        )
-        _check(
-            all(math.isfinite(w) for w in self.weights),
-            f"reward.weights must be finite numbers, got {list(self.weights)}",
-        )
-        _bound("reward", self, "timeout_s", 0, above=True)
-
-    @property
-    def needs_answers(self) -> bool:
-        """Whether a built-in compares with the records' answers (so each needs one)."""
-        return any(f in NEEDS_ANSWER for f in self.functions)
 
 
 @dataclass
@@ -461,43 +334,12 @@ class PipelineConfig:
     """Weights of the exports and the final policy/: 'float32' or 'bfloat16'."""
 
     def __post_init__(self) -> None:
-        _bound("pipeline", self, "steps", 1)
-        _bound("pipeline", self, "max_lag", 0)
-        _bound("pipeline", self, "export_every", 0)
-        _one_of("pipeline", self, "export_dtype", EXPORT_DTYPES)
-        _bound("pipeline", self, "checkpoint_every", 0)
-        _bound("pipeline", self, "keep_checkpoints", 1)
-
-
-@dataclass
-class LogConfig:
-    """Where metrics go."""
-
-    tensorboard: bool = False
-    """Also write TensorBoard events (needs the tensorboard package)."""
-    wandb: bool = False
-    """Also log to Weights & Biases (`pip install specroll[wandb]`; WANDB_MODE=offline
-    writes the run under out_dir/wandb without a network)."""
-    wandb_project: str = "specroll"
-    """The W&B project."""
-    mlflow: bool = False
-    """Also log to MLflow (`pip install specroll[mlflow]`)."""
-    mlflow_uri: str = ""
-    """MLflow tracking URI; '' = a file store in out_dir/mlruns."""
-    mlflow_experiment: str = "specroll"
-    """The MLflow experiment."""
-    run_name: str = ""
-    """The run's name in W&B and MLflow; '' = the name of out_dir."""
-    samples: int = 0
-    """Completions per step written to out_dir/samples.jsonl (and the loggers): prompt,
-    completion, reward, length, acceptance; the same ones for a step every time."""
-
-    def __post_init__(self) -> None:
-        _bound("log", self, "samples", 0)
-        _check(
-            not self.wandb or bool(self.wandb_project),
-            "log.wandb_project must not be empty when log.wandb=true",
-        )
+        bound("pipeline", self, "steps", 1)
+        bound("pipeline", self, "max_lag", 0)
+        bound("pipeline", self, "export_every", 0)
+        one_of("pipeline", self, "export_dtype", EXPORT_DTYPES)
+        bound("pipeline", self, "checkpoint_every", 0)
+        bound("pipeline", self, "keep_checkpoints", 1)
 
 
 @dataclass
@@ -525,13 +367,13 @@ class RayConfig:
     """GPUs each learner actor (rank) reserves."""
 
     def __post_init__(self) -> None:
-        _one_of("ray", self, "worker_backend", WORKER_BACKENDS)
-        _bound("ray", self, "workers", 1)
-        _bound("ray", self, "cpus_per_worker", 0, above=True)
-        _bound("ray", self, "gpus_per_worker", 0)
-        _bound("ray", self, "max_restarts", 0)
-        _bound("ray", self, "learner_cpus", 0)
-        _bound("ray", self, "learner_gpus", 0)
+        one_of("ray", self, "worker_backend", WORKER_BACKENDS)
+        bound("ray", self, "workers", 1)
+        bound("ray", self, "cpus_per_worker", 0, above=True)
+        bound("ray", self, "gpus_per_worker", 0)
+        bound("ray", self, "max_restarts", 0)
+        bound("ray", self, "learner_cpus", 0)
+        bound("ray", self, "learner_gpus", 0)
 
 
 @dataclass
@@ -552,7 +394,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # refill rounds are generated after the step's rewards are known, with the weights
         # of the step: the window of asynchronous steps submits before that
-        _check(
+        check(
             self.loss.max_refill_rounds == 0 or self.pipeline.max_lag == 0,
             f"loss.max_refill_rounds={self.loss.max_refill_rounds} needs pipeline.max_lag=0 "
             f"(refill generates after the step's rewards; async runs submit ahead), got "

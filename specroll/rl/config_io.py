@@ -173,3 +173,22 @@ def _coerce(where: str, value: Any, typ: Any) -> Any:
     if typ is float and not math.isfinite(value):
         raise ValueError(f"{where} must be a finite number, got {value!r}")
     return value
+
+
+def check(cond: bool, msg: str) -> None:
+    """ValueError(msg) unless cond: the one way a config section refuses a value."""
+    if not cond:
+        raise ValueError(msg)
+
+
+def bound(section: str, cfg: Any, name: str, low: float, above: bool = False) -> None:
+    """ValueError naming `section.name` unless its value is >= low (> low: `above`)."""
+    value = getattr(cfg, name)
+    ok = value > low if above else value >= low
+    check(ok, f"{section}.{name} must be {'>' if above else '>='} {low}, got {value}")
+
+
+def one_of(section: str, cfg: Any, name: str, allowed: tuple) -> None:
+    """ValueError naming `section.name` and the allowed values unless it is one of them."""
+    value = getattr(cfg, name)
+    check(value in allowed, f"{section}.{name} must be one of {allowed}, got {value!r}")
