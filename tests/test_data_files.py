@@ -190,3 +190,34 @@ def test_the_budget_counts_the_system_prompt_and_every_turn(tmp_path):
     cfg = build_config("tiny", [f"data.train={f}", "data.system_prompt=" + "s" * 50])
     expected = 201 + 50 + 3 * budget.MESSAGE_OVERHEAD_TOKENS + budget.PROMPT_OVERHEAD_TOKENS
     assert budget.prompt_tokens(cfg, task_items(cfg)) == expected
+
+
+def test_a_response_prefix_starts_every_reply_and_the_reward_reads_it(tmp_path, tiny_setup):
+    """data.response_prefix: 'Answer:' is written after the assistant header (a request's
+    prompt ends with it) and read with the completion, so ' 46' scores under `math`."""
+    from types import SimpleNamespace
+
+    from specroll.rl.run.task import Task
+
+    _, tok = tiny_setup
+    rows = [{"question": f"q{i}", "answer": f"work\n#### {40 + i}"} for i in range(10)]
+    train = _jsonl(tmp_path / "t.jsonl", rows)
+    sets = [f"data.train={train}", "data.prompt_key=question", "data.val_size=2"]
+    plain = Task(build_config("tiny", sets), tok)
+    task = Task(build_config("tiny", [*sets, "data.response_prefix='Answer:'"]), tok)
+    try:
+        (p,) = task.problems(0)[:1]
+        prefix = tok.hf.encode("Answer:", add_special_tokens=False)
+        ids = task.requests([p], 1, 0)[0].prompt_ids
+        assert ids[-len(prefix) :] == prefix and ids[: -len(prefix)] == plain.encode(
+            plain.problems(0)[0]
+        )
+        number = p.answer.rpartition("#### ")[2]
+        said = SimpleNamespace(token_ids=tok.hf.encode(f" {number}", add_special_tokens=False))
+        assert task.score([p], [said], 1).total.item() == 1.0  # "Answer: 46" read
+        assert (
+            plain.score(plain.problems(0)[:1], [said], 1).total.item() == 0.0
+        )  # " 46" alone commits to none
+    finally:
+        task.close()
+        plain.close()

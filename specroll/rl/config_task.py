@@ -40,6 +40,10 @@ class DataConfig:
     """A system message put before every prompt that has none of its own ('' = none)."""
     chat_template_kwargs: dict = field(default_factory=dict)
     """Extra arguments of the tokenizer's chat template, e.g. {enable_thinking: false}."""
+    response_prefix: str = ""
+    """Data files: text every reply starts with, written after the assistant header (not
+    generated) and read by the reward with the completion, e.g. 'Answer:' (how the math
+    task gets a small policy to commit to an answer); '' = none."""
     levels: tuple[int, ...] = (1, 2)
     """Difficulty levels of the math task (mixed round-robin)."""
     prompts_per_step: int = 8

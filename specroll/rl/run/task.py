@@ -11,7 +11,7 @@ its base seed is defined in this file, once (the profile's prompts: engine.profi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -69,8 +69,8 @@ def task_files(cfg: TrainConfig) -> TaskFiles:
     before any model is loaded."""
     d = cfg.data
     keys = Keys(d.prompt_key, d.answer_key)
-    train = load_file(d.train_file, keys) if d.train_file else None
-    val = load_file(d.val, keys)[: d.val_size] if d.val else None
+    train = _prefixed(load_file(d.train_file, keys), d) if d.train_file else None
+    val = _prefixed(load_file(d.val, keys)[: d.val_size], d) if d.val else None
     for name, items in (("data.train", train), ("data.val", val)):
         missing = [p.uid for p in items or [] if not p.answer]
         if missing and cfg.reward.needs_answers:
@@ -86,6 +86,11 @@ def task_files(cfg: TrainConfig) -> TaskFiles:
             f"data.val_size={d.val_size} (held out for validation; or give data.val)"
         )
     return TaskFiles(train, val)
+
+
+def _prefixed(items: list[Problem], d) -> list[Problem]:
+    """The problems with `data.response_prefix` as the start of their replies."""
+    return [replace(p, response_prefix=d.response_prefix) for p in items]
 
 
 def task_items(cfg: TrainConfig) -> list[Problem] | None:
