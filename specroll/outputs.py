@@ -177,3 +177,19 @@ def read_lines(path: str | Path) -> list[str]:
     text = Path(path).read_text()
     lines = text.split("\n")
     return [x for x in lines[:-1] if x]
+
+
+HF_DIR_FILES = (
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+"""What a Hugging Face model directory written by specroll holds (a run's policy/, an
+export): the names a run or an export may replace in it, and nothing else."""

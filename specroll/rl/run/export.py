@@ -37,19 +37,7 @@ INDEX = "model.safetensors.index.json"
 """The shard index of a sharded export (tensor name -> file)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """Export weight dtypes by name (`pipeline.export_dtype`, `--dtype`)."""
-WRITES = (
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    "model.safetensors.index.json",
-    "tokenizer*",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "draft",
-)
+WRITES = (*outputs.HF_DIR_FILES, "draft")
 """What an export directory holds (what `--overwrite` may replace)."""
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 

@@ -53,18 +53,7 @@ OUTPUTS = (
 """Everything a run writes into its directory (what --overwrite deletes)."""
 WRITTEN_IN = {
     "checkpoints": ("step-*", ".tmp-step-*"),
-    "policy": (
-        "config.json",
-        "generation_config.json",
-        "*.safetensors",
-        "model.safetensors.index.json",
-        "tokenizer*",
-        "special_tokens_map.json",
-        "added_tokens.json",
-        "vocab.json",
-        "merges.txt",
-        "chat_template.jinja",
-    ),
+    "policy": outputs.HF_DIR_FILES,
     "draft": ("config.json", "*.safetensors"),
     "tb": ("events.out.tfevents.*",),
     "wandb": ("offline-run-*", "run-*", "latest-run", "debug*.log"),
