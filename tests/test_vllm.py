@@ -17,7 +17,10 @@ only when vLLM is not importable (`.venv-vllm/bin/python -m pytest -m vllm tests
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -133,78 +136,6 @@ def test_greedy_is_token_identical_to_specroll_engine(small):
     theirs = roll.generate_now([Request(q, params) for q in prompts])
     for a, b in zip(ours, theirs, strict=True):
         assert (b.token_ids, b.finish_reason) == (a.token_ids, a.finish_reason)
-
-
-# ---------------------------------------------------------------- export
-# (before the ngram tests: once vLLM's ngram proposer has loaded numba, vLLM 0.32's CPU
-# kernel registration, run by every new engine, fails scanning llvmlite's module objects)
-
-
-def _clear_greedy(model, prompts: list[list[int]], n: int, margin: float = 1e-3) -> list:
-    """The prompts whose first n greedy tokens under `model` never come within `margin`
-    of a tie (greedy decoding is defined only up to ties: rounding may break them
-    differently in another implementation)."""
-    keep = []
-    for q in prompts:
-        seq, gaps = list(q), []
-        with torch.no_grad():
-            for _ in range(n):
-                top = model(torch.tensor([seq])).logits[0, -1].topk(2)
-                gaps.append(float(top.values[0] - top.values[1]))
-                seq.append(int(top.indices[0]))
-        if min(gaps) > margin:
-            keep.append(q)
-    return keep
-
-
-def test_an_exported_run_loads_in_vllm_with_its_draft(tmp_path, monkeypatch):
-    """`specroll export` of a trained run (sharded) serves in vLLM with its EAGLE-3 draft:
-    transformers gives the export's logits, and vLLM's greedy tokens equal specroll's
-    engine's on the export (on prompts whose greedy path has no near-tie)."""
-    from transformers import AutoModelForCausalLM
-
-    from specroll.cli import main
-    from specroll.model import load_model
-    from specroll.model.tiny import build_tiny
-    from tests.conftest import train_tiny
-
-    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path / "home"))
-    # the tiny policy's tokenizer on a body vLLM's CPU attention takes (head_dim 32) and
-    # with 8 layers, so the draft's aux layers (2, 4, 5) are distinct
-    base = build_tiny(tmp_path / "base")
-    vocab = load_model(base).cfg
-    cfg = ModelConfig(
-        vocab_size=vocab.vocab_size,
-        hidden_size=64,
-        intermediate_size=96,
-        num_layers=8,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=32,
-        max_position_embeddings=512,
-        eos_token_id=vocab.eos_token_id,
-    )
-    save_model(Transformer(cfg).init_weights(seed=0, std=0.15), base)
-    run, out = tmp_path / "run", tmp_path / "export"
-    small = ("data.val_size=0", "data.prompts_per_step=2", "data.group_size=2")
-    sets = [x for kv in (f"policy.model={base}", *small) for x in ("--set", kv)]
-    assert train_tiny(run, "--steps", "1", *sets) == 0
-    assert main(["export", str(run), "--out", str(out), "--max-shard-size", "100KB"]) == 0
-    assert (out / "model.safetensors.index.json").is_file()
-    ours = load_model(out).eval()
-    prompts = _clear_greedy(ours, _prompts(6, seed=5, hi=12), n=24)
-    assert len(prompts) >= 3
-    hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
-    ids = torch.tensor([prompts[0]])
-    with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, ours(ids).logits, atol=1e-5, rtol=1e-5)
-    params = SamplingParams(0.0, max_new_tokens=24, stop_token_ids=())
-    want = Engine(ours).generate([Request(q, params) for q in prompts])
-    roll = VllmRollout(out, out / "draft", "eagle3", K, max_batch=8, kv_cache_gib=0.25)
-    got = roll.generate_now([Request(q, params) for q in prompts])
-    assert got.stats.draft_tokens > 0  # the exported draft served
-    assert [r.token_ids for r in got] == [r.token_ids for r in want]
-    roll.close()
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
@@ -466,3 +397,87 @@ def test_ngram_rollout_serves_plain_shadow_rollouts(chi):
     plain = roll.generate_now(reqs, plain=True)
     assert spec.stats.draft_tokens > 0
     assert [r.token_ids for r in plain] == [r.token_ids for r in spec]
+
+
+# ---------------------------------------------------------------- export
+
+
+def _clear_greedy(model, prompts: list[list[int]], n: int, margin: float = 1e-3) -> list:
+    """The prompts whose first n greedy tokens under `model` never come within `margin`
+    of a tie (greedy decoding is defined only up to ties: rounding may break them
+    differently in another implementation)."""
+    keep = []
+    for q in prompts:
+        seq, gaps = list(q), []
+        with torch.no_grad():
+            for _ in range(n):
+                top = model(torch.tensor([seq])).logits[0, -1].topk(2)
+                gaps.append(float(top.values[0] - top.values[1]))
+                seq.append(int(top.indices[0]))
+        if min(gaps) > margin:
+            keep.append(q)
+    return keep
+
+
+def test_an_exported_run_loads_in_vllm_with_its_draft(tmp_path, monkeypatch):
+    """`specroll export` of a trained run (sharded) serves in vLLM with its EAGLE-3 draft:
+    transformers gives the export's logits, and vLLM's greedy tokens equal specroll's
+    engine's on the export (on prompts whose greedy path has no near-tie)."""
+    from transformers import AutoModelForCausalLM
+
+    from specroll.cli import main
+    from specroll.model import load_model
+    from specroll.model.tiny import build_tiny
+    from tests.conftest import train_tiny
+
+    monkeypatch.setenv("SPECROLL_HOME", str(tmp_path / "home"))
+    # the tiny policy's tokenizer on a body vLLM's CPU attention takes (head_dim 32) and
+    # with 8 layers, so the draft's aux layers (2, 4, 5) are distinct
+    base = build_tiny(tmp_path / "base")
+    vocab = load_model(base).cfg
+    cfg = ModelConfig(
+        vocab_size=vocab.vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=8,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        max_position_embeddings=512,
+        eos_token_id=vocab.eos_token_id,
+    )
+    save_model(Transformer(cfg).init_weights(seed=0, std=0.15), base)
+    run, out = tmp_path / "run", tmp_path / "export"
+    small = ("data.val_size=0", "data.prompts_per_step=2", "data.group_size=2")
+    sets = [x for kv in (f"policy.model={base}", *small) for x in ("--set", kv)]
+    assert train_tiny(run, "--steps", "1", *sets) == 0
+    assert main(["export", str(run), "--out", str(out), "--max-shard-size", "100KB"]) == 0
+    assert (out / "model.safetensors.index.json").is_file()
+    ours = load_model(out).eval()
+    prompts = _clear_greedy(ours, _prompts(6, seed=5, hi=12), n=24)
+    assert len(prompts) >= 3
+    hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = torch.tensor([prompts[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours(ids).logits, atol=1e-5, rtol=1e-5)
+    params = SamplingParams(0.0, max_new_tokens=24, stop_token_ids=())
+    want = Engine(ours).generate([Request(q, params) for q in prompts])
+    # vLLM in a process of its own: a second engine in this one disturbs the module's
+    # engine, and once the ngram proposer has loaded numba vLLM 0.32's CPU kernel
+    # registration (run by every new engine) fails scanning llvmlite's objects
+    code = (
+        "import json, sys\n"
+        "from specroll.engine import Request, SamplingParams\n"
+        "from specroll.rl.rollout.vllm import VllmRollout\n"
+        "out, k, prompts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])\n"
+        "roll = VllmRollout(out, out + '/draft', 'eagle3', k, max_batch=8, kv_cache_gib=0.25)\n"
+        "p = SamplingParams(0.0, max_new_tokens=24, stop_token_ids=())\n"
+        "got = roll.generate_now([Request(q, p) for q in prompts])\n"
+        "print(json.dumps([got.stats.draft_tokens, [r.token_ids for r in got]]))\n"
+    )
+    args = [sys.executable, "-c", code, str(out), str(K), json.dumps(prompts)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    drafted, tokens = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert drafted > 0  # the exported draft served
+    assert tokens == [r.token_ids for r in want]
