@@ -15,6 +15,7 @@ Per generate() call the engine calls, in order:
                                        after every target forward: num_new[b] tokens of
                                        row b entered the target cache at pos_before[b]..
                                        (hidden: the target states of that forward)
+  release(slot)                        the row in `slot` finished (before any move)
   move(src, dst)                       row src now lives in slot dst (compaction)
 
 Devices and dtypes: a drafter works on the device of the tensors the engine hands it
@@ -64,6 +65,11 @@ class Proposal:
     """[B, k, V] processed q each token was sampled from; None = deterministic (one-hot)."""
     lengths: torch.Tensor | None = None
     """[B] usable proposed tokens per row (<= k), e.g. no n-gram match; None = all k."""
+    parents: torch.Tensor | None = None
+    """[B, k] a draft tree: the parent of each proposed token, as a node index where 0 is
+    the row's `last` token and j is proposed token j - 1 (parents come first: parents[b,
+    j] <= j); deterministic candidates only (`probs` None), verified by `spec.tree`.
+    None = a chain."""
 
 
 class Drafter:
@@ -74,6 +80,8 @@ class Drafter:
     """Weight version of the draft (reported in warnings and metrics)."""
     hidden_layers: tuple[int, ...] = ()
     """Target residual-stream states the drafter needs from prefill and verify forwards."""
+    tree = False
+    """Proposes trees (`Proposal.parents`): the engine's k is then a node budget."""
     network: nn.Module | None = None
     """The weights it proposes with (None: it has none, e.g. n-gram): what
     `Engine.load_weights` copies a new draft state into."""
@@ -95,6 +103,9 @@ class Drafter:
         hidden: dict[int, torch.Tensor],
         history: torch.Tensor,
     ) -> None:
+        pass
+
+    def release(self, slot: int) -> None:
         pass
 
     def move(self, src: int, dst: int) -> None:

@@ -38,16 +38,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specroll.drafters.base import DraftBatch, Drafter
+from specroll.drafters.base import DraftBatch, Drafter, Proposal
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
 from specroll.engine.slots import Slots
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.model.weights import load_state
-from specroll.spec import rng
+from specroll.spec import rng, tree
 from specroll.spec.metrics import CollapseDetector, SpecStats
-from specroll.spec.verify import verify
+from specroll.spec.tree import TreeVerifyOutput
+from specroll.spec.verify import VerifyOutput, verify
 
 
 @dataclass
@@ -198,6 +199,8 @@ class Engine:
             done = st.finished(B)
             for b in sorted(done, reverse=True):
                 j = st.request[b]
+                if self.drafter is not None:
+                    self.drafter.release(b)
                 results[j] = st.result(b, requests[j], seeds[j], done[b], versions)
                 results[j].first_token_s = first_token[j]
                 results[j].latency_s = time.perf_counter() - t0
@@ -247,7 +250,8 @@ class Engine:
             st.prompts(rows, span, tokens, lengths, [len(p) for p in group])
             none = torch.zeros(len(group), **long)
             ctx = self.model.cfg.max_position_embeddings
-            _, first = self._accept(st, rows, span, out.logits, none, None, ctx, observe=False)
+            ver = self._verify_chain(st, rows, span, out.logits, none, None)
+            _, first = self._accept(st, rows, span, ver, none, ctx, observe=False)
             if self.drafter is not None:
                 t = time.perf_counter()
                 seqs = [p + [x] for p, x in zip(group, first, strict=True)]
@@ -272,11 +276,15 @@ class Engine:
         # row drafts a token its budget could not keep: with r tokens to go, r - 1 drafts
         # and the bonus token fill it (so acceptance counts only what could be emitted)
         room = min(ctx, self.cache.max_len) - 1 - max(pos_host)
-        k = max(0, min(k, room, max(st.left_host[:B]) - 1))
+        # (a tree's k is its node count: only its depth is bounded by the budget, below)
+        deepest = (
+            room if self.drafter is not None and self.drafter.tree else max(st.left_host[:B]) - 1
+        )
+        k = max(0, min(k, room, deepest))
         num_draft = st.max_draft[:B].clamp(max=k)  # [B] per-request cap, -1 = no cap
         num_draft = torch.where(num_draft < 0, k, num_draft)
         num_draft = torch.minimum(num_draft, st.max_new[:B] - st.n_gen[:B] - 1)
-        drafts, probs = torch.zeros(B, k, **long), None
+        drafts, probs, prop = torch.zeros(B, k, **long), None, None
         if k > 0:
             t = time.perf_counter()
             prop = self.drafter.propose(
@@ -293,28 +301,33 @@ class Engine:
             )
             self.stats.draft_s += time.perf_counter() - t
             drafts, probs = prop.tokens, prop.probs
-            if prop.lengths is not None:
+            if prop.lengths is not None and prop.parents is None:
                 num_draft = torch.minimum(num_draft, prop.lengths)
-        tokens = torch.cat([st.last[:B, None], drafts], dim=1)  # [B, k+1]
-        t = time.perf_counter()
-        out = self.model(
-            tokens,
-            positions=st.pos[:B],
-            cache=self.cache,
-            hidden_layers=self.drafter.hidden_layers if self.drafter else (),
-            max_start=max(pos_host),
-        )
-        self.stats.target_s += time.perf_counter() - t
         pos_before = st.pos[:B].clone()
-        emitted, _ = self._accept(st, rows, range(B), out.logits, num_draft, (drafts, probs), ctx)
+        if prop is not None and prop.parents is not None:
+            ver, num_draft, nodes, hidden = self._verify_tree(st, B, prop, num_draft)
+        else:
+            tokens = torch.cat([st.last[:B, None], drafts], dim=1)  # [B, k+1]
+            t = time.perf_counter()
+            out = self.model(
+                tokens,
+                positions=st.pos[:B],
+                cache=self.cache,
+                hidden_layers=self.drafter.hidden_layers if self.drafter else (),
+                max_start=max(pos_host),
+            )
+            self.stats.target_s += time.perf_counter() - t
+            ver = self._verify_chain(st, rows, range(B), out.logits, num_draft, (drafts, probs))
+            nodes, hidden = num_draft, out.hidden
+        emitted, _ = self._accept(st, rows, range(B), ver, num_draft, ctx, nodes=nodes)
         if self.drafter is not None:
             t = time.perf_counter()
-            self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, out.hidden, st.history)
+            self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, hidden, st.history)
             self.stats.draft_s += time.perf_counter() - t
         self.depth.observe_time(B, k, mean_ctx, time.perf_counter() - t_iter)
         return emitted
 
-    def _accept(
+    def _verify_chain(
         self,
         st: Slots,
         rows: torch.Tensor,
@@ -322,20 +335,10 @@ class Engine:
         logits: torch.Tensor,
         num_draft: torch.Tensor,
         proposal: tuple[torch.Tensor, torch.Tensor | None] | None,
-        ctx: int,
-        observe: bool = True,
-    ) -> tuple[int, list[int]]:
-        """Verify, then record each row's emitted tokens up to its first stop condition.
-
-        rows: [n] the slots (on the device); span: the same slots on the host. logits:
-        [n, k+1, V] target logits at `last` and each draft. Every row advances its cache
-        position by the tokens that entered the cache (`last` + accepted drafts).
-        Returns (tokens recorded, each row's new `last`).
-
-        The host learns what it needs of the iteration — positions, finish codes, the
-        speculation counters — from one read-back of a packed tensor: on a GPU, the one
-        stall of an iteration here (`engine.syncs`).
-        """
+    ) -> VerifyOutput:
+        """Verify a chain of drafts per row (none at prefill). rows: [n] the slots (on
+        the device); span: the same slots on the host. logits: [n, k+1, V] target logits
+        at `last` and each draft."""
         n, K1, _ = logits.shape
         K = K1 - 1
         long = dict(dtype=torch.long, device=self.device)
@@ -344,7 +347,7 @@ class Engine:
         drafts, probs = proposal
         n_gen, seed = st.n_gen[rows], st.seed[rows]
         idx = n_gen.unsqueeze(1) + torch.arange(K1, **long)  # [n, K+1] output index of each slot
-        ver = verify(
+        return verify(
             logits,
             drafts,
             num_draft,
@@ -353,24 +356,106 @@ class Engine:
             rng.uniforms(seed, idx[:, :K], rng.ACCEPT),
             rng.uniforms(seed, idx, rng.SAMPLE),
         )
+
+    def _verify_tree(
+        self, st: Slots, B: int, prop: Proposal, num_draft: torch.Tensor
+    ) -> tuple[TreeVerifyOutput, torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+        """Score every row's draft tree in one target forward and walk it (`spec.tree`).
+
+        A row keeps the nodes its proposal filled (`lengths`) no deeper than num_draft[b]
+        (its cap, its budget, the context room). The accepted path's keys and values move
+        to their sequence positions. Returns (verification, each row's tree depth, its
+        nodes, the drafter's hidden states along the path ([B, D+1, H] each))."""
+        long = dict(dtype=torch.long, device=self.device)
+        rows = torch.arange(B, **long)
+        k = prop.tokens.shape[1]
+        tokens = torch.cat([st.last[:B, None], prop.tokens], dim=1)  # [B, N], N = k + 1
+        parents = torch.cat([torch.full((B, 1), -1, **long), prop.parents], dim=1)  # [B, N]
+        filled = k if prop.lengths is None else prop.lengths.unsqueeze(1)
+        parents = parents.masked_fill(torch.arange(k + 1, **long) > filled, -1)
+        anc = tree.ancestors(parents)  # [B, N, N]
+        depth = tree.depths(anc)  # [B, N]
+        used = (parents >= 0) & (depth <= num_draft.unsqueeze(1))  # [B, N] verified nodes
+        parents = parents.masked_fill(~used, -1)  # a cut node is nobody's child
+        row_depth = (depth * used).amax(1)  # [B]
+        D = int(row_depth.max())
+        layers = self.drafter.hidden_layers
+        L = self.model.cfg.num_layers
+        t = time.perf_counter()
+        out = self.model(
+            tokens,
+            positions=st.pos[:B],
+            cache=self.cache,
+            hidden_layers=(*layers, L),
+            return_logits=False,
+            max_start=max(st.pos_host[:B]),
+            tree=anc,
+        )
+        h = out.hidden[L]  # [B, N, H] last layer, before the final norm
+        packed = self.model.packed_weights() or []
+        ver = tree.verify_tree(
+            lambda r, nodes: self.model.head_logits(h[r, nodes], packed),
+            tokens,
+            parents,
+            D,
+            st.sampling(rows, range(B)),
+            rng.uniforms(st.seed[:B], st.n_gen[:B, None] + torch.arange(D + 1, **long)),
+        )
+        tree.compact_path(self.cache.k, self.cache.v, rows, st.pos[:B], ver.path)
+        self.stats.target_s += time.perf_counter() - t
+        along = ver.path.unsqueeze(-1)  # [B, D+1, 1]
+        hidden = {i: out.hidden[i].gather(1, along.expand(-1, -1, h.shape[-1])) for i in layers}
+        return ver, row_depth, used.sum(1), hidden
+
+    def _accept(
+        self,
+        st: Slots,
+        rows: torch.Tensor,
+        span: range,
+        ver: VerifyOutput | TreeVerifyOutput,
+        num_draft: torch.Tensor,
+        ctx: int,
+        observe: bool = True,
+        nodes: torch.Tensor | None = None,
+    ) -> tuple[int, list[int]]:
+        """Record each row's verified tokens up to its first stop condition.
+
+        rows: [n] the slots (on the device); span: the same slots on the host. ver: the
+        verification of K drafted positions per row (chain or tree), num_draft [n] the
+        positions each row drafted, nodes [n] the candidates it verified (a tree's may
+        exceed num_draft; None: none). Every row advances its cache position by the
+        tokens that entered the cache (`last` + accepted drafts).
+        Returns (tokens recorded, each row's new `last`).
+
+        The host learns what it needs of the iteration — positions, finish codes, the
+        speculation counters — from one read-back of a packed tensor: on a GPU, the one
+        stall of an iteration here (`engine.syncs`).
+        """
+        n, K1 = ver.tokens.shape
+        K = K1 - 1
+        long = dict(dtype=torch.long, device=self.device)
+        idx = st.n_gen[rows].unsqueeze(1) + torch.arange(K1, **long)  # [n, K+1] output index
         emitted = ver.num_emitted  # [n]
         out = ver.tokens.clamp(min=0)  # [n, K+1]
         count, finish = st.cut(rows, out, emitted, ctx)
         last = st.record(rows, idx, out, ver.logprobs, emitted, count, finish)
         drafted = st.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
-        parts = [emitted, count, finish, num_draft, ver.num_accepted, last]
+        if nodes is None:
+            nodes = torch.zeros_like(num_draft)
+        parts = [emitted, count, finish, num_draft, ver.num_accepted, last, nodes]
         if drafted is not None and observe:  # per-position totals: statistics, depth policy
             parts += [ver.accepted.sum(0), drafted.sum(0), (ver.accepted & drafted).sum(0)]
         host = torch.cat(parts).tolist()  # the iteration's one read-back
-        h_emit, h_count, h_finish, h_draft, h_acc, h_last = (
-            host[i * n : (i + 1) * n] for i in range(6)
+        h_emit, h_count, h_finish, h_draft, h_acc, h_last, h_nodes = (
+            host[i * n : (i + 1) * n] for i in range(7)
         )
         st.mirror(span, h_emit, h_count, h_finish)
         total = sum(h_count)
         if observe:  # decode/verify forward (prefill is not a speculation step)
-            per_pos = host[6 * n :]
+            per_pos = host[7 * n :]
             acc_pos, drafted_pos, acc_drafted = per_pos[:K], per_pos[K : 2 * K], per_pos[2 * K :]
             self.stats.observe_counts(n, K, total, h_draft, acc_pos, drafted_pos)
+            self.stats.draft_nodes += sum(h_nodes)
             if K > 0:
                 self.depth.observe_counts(n, acc_drafted)
             # first draft positions only: deep positions of a healthy draft are rarely

@@ -97,6 +97,7 @@ def attention_layout(
     cache: KVCache | None,
     slot_start: int = 0,
     max_start: int | None = None,
+    tree: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Positions, folded mask and key length of a forward, shared by every network here.
 
@@ -106,6 +107,11 @@ def attention_layout(
     [B, 1, g*T, Lk], Lk), checking the context window and the cache's capacity.
     `max_start`: max(positions) when the caller knows it on the host (the engine does),
     so that sizing the key axis reads nothing back from the device.
+
+    `tree` ([B, T, T] bool, `spec.tree.ancestors`): the T tokens are a draft tree, not a
+    sequence. Token i then sits at position positions[b] + depth(i) (the returned `pos`
+    is for RoPE; it is still written at cache position positions[b] + i) and sees the
+    cache before positions[b] and its own ancestors among the T.
     """
     B, T = tokens.shape
     dev = tokens.device
@@ -130,7 +136,13 @@ def attention_layout(
                 f"the cache has {cache.num_slots} x {cache.max_len}"
             )
         kpos = torch.arange(key_len, device=dev)
-        mask = kpos.view(1, 1, -1) <= pos.unsqueeze(-1)  # [B, T, Lk]
+        if tree is None:
+            mask = kpos.view(1, 1, -1) <= pos.unsqueeze(-1)  # [B, T, Lk]
+        else:
+            rel = kpos.view(1, -1) - start.unsqueeze(1)  # [B, Lk] key's index in the tree
+            in_tree = tree.gather(2, rel.clamp(0, T - 1).unsqueeze(1).expand(B, T, key_len))
+            mask = (rel < 0).unsqueeze(1) | (in_tree & (rel < T).unsqueeze(1))  # [B, T, Lk]
+            pos = start.unsqueeze(1) + tree.sum(-1) - 1  # [B, T] position = root + depth
     return pos, fold_mask(mask, cfg.num_heads // cfg.num_kv_heads), key_len
 
 

@@ -217,6 +217,7 @@ class Transformer(nn.Module):
         return_logits: bool = True,
         slot_start: int = 0,
         max_start: int | None = None,
+        tree: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Run the decoder.
 
@@ -226,13 +227,16 @@ class Transformer(nn.Module):
         hidden_layers: which residual-stream states to return (see ModelOutput.hidden).
         slot_start: row b uses cache slot slot_start + b (lets the engine prefill new rows
         behind the ones already decoding). max_start: max(positions), when the caller
-        knows it on the host (see `attention_layout`).
+        knows it on the host (see `attention_layout`). tree: [B, T, T] ancestor matrix
+        when the T tokens are a draft tree (engine mode; see `attention_layout`).
         """
         cfg = self.cfg
         B, T = tokens.shape
         pos, mask, cache_len = attention_layout(
-            cfg, tokens, positions, cache, slot_start, max_start
+            cfg, tokens, positions, cache, slot_start, max_start, tree
         )
+        # a tree's tokens go to consecutive cache positions whatever their depth
+        wpos = pos if tree is None else positions.unsqueeze(1) + torch.arange(T, device=pos.device)
         rope = self.rotary(pos)
 
         packed = self.packed_weights()
@@ -242,7 +246,7 @@ class Transformer(nn.Module):
         wanted = set(hidden_layers)
         if 0 in wanted:
             hidden[0] = x
-        index = None if cache is None else cache.write_index(pos)  # once for all layers
+        index = None if cache is None else cache.write_index(wpos)  # once for all layers
         if cache is not None and decode.applies(self, x, packed):
             # the same ops without Python in between: the engine's CPU forward
             x, states = decode.run(
@@ -259,7 +263,15 @@ class Transformer(nn.Module):
             return ModelOutput(None, hidden)
         if logits_index is not None:
             x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        x = self.final_state(x)
+        return ModelOutput(self.head_logits(x, packed or []), hidden)
+
+    def head_logits(
+        self, h: torch.Tensor, packed: list[dict[str, torch.Tensor]] | None = None
+    ) -> torch.Tensor:
+        """Residual stream after the last layer [..., H] → fp32 logits [..., V] (the tree
+        verifier calls it on the path it walks, not on every node)."""
+        if packed is None:
+            packed = self.packed_weights()
         head = packed[-1]["head"] if packed else None
         # logits in the weights' dtype, upcast: sampling and verification run in fp32
-        return ModelOutput(_mm(x, self.head_weight, head).float(), hidden)
+        return _mm(self.final_state(h), self.head_weight, head).float()

@@ -22,6 +22,7 @@ _ADDITIVE = (
     "target_forwards",
     "row_forwards",
     "emitted_tokens",
+    "draft_nodes",
     "draft_s",
     "target_s",
 )
@@ -50,6 +51,9 @@ class SpecStats:
     """Rows scored by those forwards (a forward over B rows counts B)."""
     emitted_tokens: int = 0
     """Tokens emitted by those forwards."""
+    draft_nodes: int = 0
+    """Candidate tokens scored by those forwards (a chain's equal its draft tokens; a
+    tree's count every node, where draft_tokens counts its depth)."""
     draft_s: float = 0.0
     """Wall time in the drafter (propose + commit)."""
     target_s: float = 0.0
@@ -143,6 +147,7 @@ class SpecStats:
         return {
             "drafts": self.drafts,
             "draft_tokens": self.draft_tokens,
+            "draft_nodes": self.draft_nodes,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_length": round(self.acceptance_length, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
