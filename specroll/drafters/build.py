@@ -1,6 +1,8 @@
 """Build a drafter from a short spec string (CLI and configs).
 
 ngram                 n-gram / prompt lookup (model-free)
+history               candidate trees from rollout history (model-free; `drafters.history`);
+history:chain         the same, one path per iteration
 draft:PATH            a smaller model (HF dir or .gguf) sharing the tokenizer
 self                  the policy as its own draft (an oracle: acceptance 1, for checks)
 eagle3:PATH           an EAGLE-3 head saved by specroll, SpecForge or for vLLM
@@ -17,7 +19,7 @@ from pathlib import Path
 from specroll.drafters.base import Drafter
 from specroll.model.transformer import Transformer
 
-KINDS = ("ngram", "draft:PATH", "self", "eagle3:PATH", "mtp:PATH")
+KINDS = ("ngram", "history", "history:chain", "draft:PATH", "self", "eagle3:PATH", "mtp:PATH")
 
 EXPECTED = {
     "eagle3": "a directory with config.json and *.safetensors: an EAGLE-3 head written by "
@@ -58,6 +60,10 @@ def build_drafter(spec: str, target: Transformer) -> Drafter:
         from specroll.drafters.ngram import NgramDrafter
 
         return NgramDrafter()
+    if kind == "history" and path in ("", "chain"):
+        from specroll.drafters.history import HistoryConfig, HistoryDrafter
+
+        return HistoryDrafter(HistoryConfig(chain=path == "chain"))
     if kind == "self" and not path:
         from specroll.drafters.draft_model import DraftModelDrafter
 

@@ -1,0 +1,346 @@
+"""The history drafter: candidate trees from what the policy has already written.
+
+RL samples every prompt G times in one step and revisits its prompts every epoch, and as
+training sharpens the policy its answers to a prompt converge. This drafter drafts from
+that, with no network and no forward: a suffix index (`SuffixIndex`) over
+
+* the row's own prompt and output so far,
+* the live outputs of its siblings (rows with the same prompt, generating now),
+* earlier rollouts of the same prompt (past steps and epochs, `past` per prompt),
+* a window of recent rollouts of other prompts (`window`),
+
+finds where the row's latest tokens occurred before (longest match first, shorter ones
+filling up to `matches` occurrences), and merges what followed them into a tree of
+candidates scored by frequency (`tree_from`): the most frequent continuations, best
+first, up to the engine's node budget and `max_depth`, none whose estimated probability
+is under `min_prob`. The engine verifies the tree losslessly (`spec.tree`): history
+tokens are candidates, never samples, so no rollout reuses another's randomness.
+
+A prompt is identified by its token ids, so siblings and past epochs need no bookkeeping
+from the caller. Everything here is host-side Python over small lists; its time per
+iteration is the engine's `draft_s` (`bench spec` reports it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from specroll.drafters.base import DraftBatch, Drafter, Proposal
+
+SOURCES = ("prompt", "siblings", "past", "others")
+"""What the drafter may draft from (see the module docstring)."""
+
+
+@dataclass
+class HistoryConfig:
+    """History drafter settings."""
+
+    max_depth: int = 8
+    """Deepest candidate (tokens past the row's last one)."""
+    n_max: int = 8
+    """Longest suffix of the row looked up."""
+    matches: int = 16
+    """Most earlier occurrences merged into one tree."""
+    min_prob: float = 0.0
+    """Candidates whose estimated probability (frequency along the tree) is below this
+    are not proposed."""
+    past: int = 16
+    """Finished rollouts kept per prompt (past steps and epochs)."""
+    window: int = 256
+    """Finished rollouts of any prompt kept for drafting across prompts."""
+    sources: tuple[str, ...] = SOURCES
+    """Which of prompt / siblings / past / others to draft from."""
+    chain: bool = False
+    """Propose one path (the likeliest continuation) instead of a tree."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_depth", "n_max", "matches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"history.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("past", "window"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"history.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.min_prob < 1:
+            raise ValueError(f"history.min_prob must be in [0, 1), got {self.min_prob}")
+        self.sources = tuple(self.sources)
+        bad = [s for s in self.sources if s not in SOURCES]
+        if bad or not self.sources:
+            raise ValueError(
+                f"history.sources must be a non-empty subset of {', '.join(SOURCES)}; "
+                f"got {', '.join(self.sources) or 'nothing'}"
+            )
+
+
+class SuffixIndex:
+    """Where each n-gram (n <= n_max) of a set of token sequences occurred, and so what
+    followed it: key → [(sequence id, index of the next token)], in insertion order.
+
+    Sequences grow token by token (`extend`); removed ones (`drop`) are skipped at once
+    and purged when they outnumber the live entries."""
+
+    def __init__(self, n_max: int) -> None:
+        self.n_max = n_max
+        self.seqs: dict[int, list[int]] = {}
+        self.grams: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self.live_tokens = self.dead_tokens = 0
+
+    def extend(self, sid: int, tokens: list[int], start: int = 0) -> None:
+        """Sequence `sid` is now `tokens`; index its n-grams ending at start.. (the new
+        ones: `start` = its previous length; 0 indexes it all)."""
+        self.seqs[sid] = tokens
+        grams, n_max = self.grams, self.n_max
+        for t in range(start, len(tokens)):
+            for n in range(1, min(n_max, t + 1) + 1):
+                grams.setdefault(tuple(tokens[t - n + 1 : t + 1]), []).append((sid, t + 1))
+        self.live_tokens += max(len(tokens) - start, 0)
+
+    def drop(self, sid: int) -> None:
+        seq = self.seqs.pop(sid, None)
+        if seq is None:
+            return
+        self.live_tokens -= len(seq)
+        self.dead_tokens += len(seq)
+        if self.dead_tokens > max(self.live_tokens, 4096):
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        seqs = self.seqs
+        self.seqs, self.grams = {}, {}
+        self.live_tokens = self.dead_tokens = 0
+        for sid, tokens in seqs.items():
+            self.extend(sid, tokens)
+
+    def find(
+        self, suffix: tuple[int, ...], limit: int, skip: set[int] = frozenset()
+    ) -> list[tuple[int, list[int], int]]:
+        """The latest `limit` occurrences of `suffix` with a known next token, as
+        (sequence id, sequence, index of that token), skipping the sequences in `skip`."""
+        out = []
+        entries = self.grams.get(suffix)
+        if not entries:
+            return out
+        for sid, nxt in reversed(entries):
+            seq = self.seqs.get(sid)
+            if seq is None or nxt >= len(seq) or sid in skip:
+                continue
+            out.append((sid, seq, nxt))
+            if len(out) == limit:
+                break
+        return out
+
+
+def tree_from(
+    occurrences: list[tuple[list[int], int, float]],
+    nodes: int,
+    depth: int,
+    min_prob: float,
+    chain: bool = False,
+) -> tuple[list[int], list[int]]:
+    """Merge what followed each occurrence (sequence, start, weight) into a trie and keep
+    its `nodes` heaviest nodes no deeper than `depth` → (tokens, parents), parents as
+    node indices (0 = the row's last token, j = tokens[j - 1]). A child weighs no more
+    than its parent, so best-first order keeps every kept node's parent before it.
+    `chain`: only the heaviest child of each node (one path)."""
+    root: dict[int, list] = {}
+    total = 0.0
+    for seq, start, w in occurrences:
+        total += w
+        level = root
+        for tok in seq[start : start + depth]:
+            node = level.get(tok)
+            if node is None:
+                node = level[tok] = [0.0, {}]
+            node[0] += w
+            level = node[1]
+    if total <= 0:
+        return [], []
+    # (−weight, depth, order, token, parent entry, children): best first, parents first
+    found: list[tuple] = []
+    stack = [(root, 0, -1)]
+    while stack:
+        level, d, parent = stack.pop()
+        items = level.items()
+        if chain and items:
+            items = [max(items, key=lambda kv: kv[1][0])]
+        for tok, (w, children) in items:
+            if w < min_prob * total:
+                continue
+            found.append((-w, d + 1, len(found), tok, parent))
+            stack.append((children, d + 1, len(found) - 1))
+    found.sort()
+    found = found[:nodes]
+    index = {entry[2]: i + 1 for i, entry in enumerate(found)}  # found order → node index
+    tokens = [entry[3] for entry in found]
+    parents = [0 if entry[4] < 0 else index[entry[4]] for entry in found]
+    return tokens, parents
+
+
+class HistoryDrafter(Drafter):
+    """Model-free drafter of candidate trees from rollout history (module docstring)."""
+
+    name = "history"
+    tree = True
+
+    def __init__(self, config: HistoryConfig | None = None) -> None:
+        self.config = cfg = config or HistoryConfig()
+        self.prompts: dict[tuple[int, ...], _Prompt] = {}
+        self.others = SuffixIndex(cfg.n_max)
+        self.recent: deque[int] = deque()  # finished rollouts in `others`, oldest first
+        self._next_id = 0
+        self.slots: list[_Row | None] = []
+        self.learn = True
+        """Finished rollouts join the history; False holds it fixed (`remember` still adds)."""
+
+    # the engine's hooks ---------------------------------------------------------------
+    def start(self, num_slots: int, max_len: int) -> None:
+        for row in self.slots:  # a call that stopped half-way: its rows are not history
+            if row is not None:
+                row.prompt.index.drop(row.sid)
+                row.prompt.live.discard(row.sid)
+        self.slots = [None] * num_slots
+
+    def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
+        for i, seq in enumerate(seqs):
+            prompt = self._prompt(tuple(seq[:-1]))
+            row = _Row(prompt, self._new_id(), list(seq))
+            # from the n-gram ending the prompt: what followed it is the first output token
+            prompt.index.extend(row.sid, row.tokens, len(seq) - 2)
+            prompt.live.add(row.sid)
+            self.slots[start + i] = row
+
+    def commit(self, B, pos_before, num_new, hidden, history) -> None:
+        width = int(num_new.max()) if B else 0
+        if width == 0:
+            return
+        col = torch.arange(1, width + 1, device=history.device)
+        at = (pos_before.unsqueeze(1) + col).clamp(max=history.shape[1] - 1)  # [B, W]
+        new = history[:B].gather(1, at).tolist()
+        counts = num_new.tolist()
+        for b in range(B):
+            row = self.slots[b]
+            if counts[b]:
+                before = len(row.tokens)
+                row.tokens.extend(new[b][: counts[b]])
+                row.prompt.index.extend(row.sid, row.tokens, before)
+
+    def release(self, slot: int) -> None:
+        row, self.slots[slot] = self.slots[slot], None
+        if row is not None:
+            self._keep(row, learn=self.learn)
+
+    def _keep(self, row: _Row, learn: bool) -> None:
+        """A finished rollout joins the history (`learn`), or leaves the index."""
+        cfg = self.config
+        if not learn:
+            row.prompt.live.discard(row.sid)
+            row.prompt.index.drop(row.sid)
+            return
+        prompt = row.prompt
+        prompt.live.discard(row.sid)
+        if "past" in cfg.sources and cfg.past > 0:
+            if row.sid not in prompt.index.seqs:
+                prompt.index.extend(row.sid, row.tokens, len(prompt.ids) - 1)
+            prompt.done.append(row.sid)
+            while len(prompt.done) > cfg.past:
+                prompt.index.drop(prompt.done.popleft())
+        else:
+            prompt.index.drop(row.sid)
+        if "others" in cfg.sources and cfg.window > 0:
+            self.others.extend(row.sid, row.tokens, len(prompt.ids) - 1)
+            self.recent.append(row.sid)
+            while len(self.recent) > cfg.window:
+                self.others.drop(self.recent.popleft())
+
+    def move(self, src: int, dst: int) -> None:
+        self.slots[dst], self.slots[src] = self.slots[src], None
+
+    def propose(self, batch: DraftBatch) -> Proposal:
+        B, k = batch.last.shape[0], batch.k
+        cfg = self.config
+        caps = batch.num_draft.tolist()
+        tokens = [[0] * k for _ in range(B)]
+        parents = [list(range(k)) for _ in range(B)]
+        lengths = [0] * B
+        for b in range(B):
+            if caps[b] <= 0:
+                continue
+            occ = self._occurrences(self.slots[b])
+            toks, pars = tree_from(occ, k, min(cfg.max_depth, caps[b]), cfg.min_prob, cfg.chain)
+            n = len(toks)
+            tokens[b][:n], parents[b][:n], lengths[b] = toks, pars, n
+        long = dict(dtype=torch.long, device=batch.last.device)
+        return Proposal(
+            tokens=torch.tensor(tokens, **long),
+            probs=None,
+            lengths=torch.tensor(lengths, **long),
+            parents=torch.tensor(parents, **long),
+        )
+
+    # history --------------------------------------------------------------------------
+    def remember(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """Add a finished rollout of `prompt_ids` to the history, as if generated here."""
+        prompt = self._prompt(tuple(prompt_ids))
+        self._keep(_Row(prompt, self._new_id(), list(prompt_ids) + list(output_ids)), True)
+
+    def _occurrences(self, row: _Row) -> list[tuple[list[int], int, float]]:
+        """Earlier occurrences of the row's latest tokens, longest match first, each
+        weighted by its match length (a longer shared context predicts better)."""
+        cfg = self.config
+        seq, prompt = row.tokens, row.prompt
+        skip: set[int] = set()
+        if "siblings" not in cfg.sources:
+            skip |= prompt.live - {row.sid}
+        if "prompt" not in cfg.sources:
+            skip |= {row.sid, prompt.sid}
+        found: list[tuple[list[int], int, float]] = []
+        seen: set[tuple[int, int]] = set()
+        indexes = [prompt.index]
+        if "others" in cfg.sources:
+            indexes.append(self.others)
+        for n in range(min(cfg.n_max, len(seq)), 0, -1):
+            suffix = tuple(seq[-n:])
+            for index in indexes:
+                for sid, s, nxt in index.find(suffix, cfg.matches - len(found), skip):
+                    if (sid, nxt) not in seen:
+                        seen.add((sid, nxt))
+                        found.append((s, nxt, float(n)))
+                if len(found) >= cfg.matches:
+                    return found
+        return found
+
+    def _prompt(self, ids: tuple[int, ...]) -> _Prompt:
+        prompt = self.prompts.get(ids)
+        if prompt is None:
+            prompt = self.prompts[ids] = _Prompt(
+                ids, SuffixIndex(self.config.n_max), self._new_id()
+            )
+            prompt.index.extend(prompt.sid, list(ids))
+        return prompt
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+
+@dataclass
+class _Prompt:
+    ids: tuple[int, ...]
+    index: SuffixIndex
+    """The prompt itself, its live rollouts and its last `past` finished ones."""
+    sid: int
+    """The prompt's own sequence in `index`."""
+    live: set[int] = field(default_factory=set)
+    """Rollouts of this prompt being generated now."""
+    done: deque[int] = field(default_factory=deque)
+    """Its finished rollouts in `index`, oldest first."""
+
+
+@dataclass
+class _Row:
+    prompt: _Prompt
+    sid: int
+    tokens: list[int]
+    """Prompt + output so far (through the row's `last`)."""
