@@ -73,6 +73,41 @@ def test_speculative_joint_distribution_is_exact_on_gpu(drafter, dtype):
     assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("drafter", ["full-fan", "history"])
+def test_tree_joint_distribution_is_exact_on_gpu(drafter, dtype):
+    """tests/test_tree.py's chi-square test on the GPU: draft trees (every first token a
+    candidate; the history drafter over remembered rollouts and live siblings) against
+    the exact plain-decoding joint of the same (GPU, dtype) model."""
+    from specroll.drafters.history import HistoryDrafter
+    from specroll.engine import Engine, EngineConfig
+    from specroll.engine.depth import FixedDepth
+    from tests.conftest import (
+        JOINT_SAMPLES,
+        PROMPT,
+        chi2_pvalue,
+        exact_joint,
+        sample_joint,
+        spec_model,
+        tv_shifted,
+    )
+    from tests.test_tree import FullFan
+
+    target = spec_model(0).to(device="cuda", dtype=dtype)
+    if drafter == "history":
+        d = HistoryDrafter()
+        for i in range(16):
+            d.remember(PROMPT, [(3 * i + j) % 16 for j in range(5)])
+    else:
+        d = FullFan()
+    engine = Engine(target, EngineConfig(max_batch=512), drafter=d, depth=FixedDepth(32))
+    counts = sample_joint(engine, JOINT_SAMPLES, 1.0, 0, 1.0, mixed=True).cpu()
+    assert engine.stats.accepted_tokens > JOINT_SAMPLES // 4
+    exact = exact_joint(target, 1.0, 0, 1.0).cpu()
+    assert chi2_pvalue(counts, exact) > 1e-4
+    assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tiny_training_run_on_gpu(tmp_path, monkeypatch, dtype):
     """`specroll train --preset tiny --device cuda`: every stage on the GPU, finite losses,
