@@ -42,6 +42,10 @@ def check_counts(args: argparse.Namespace) -> None:
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    for flag in ("group", "past"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 0:
+            raise ValueError(f"--{flag} must be >= 0, got {value}")
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> None:
@@ -102,6 +106,8 @@ def cmd_bench_spec(args: argparse.Namespace) -> None:
         repeats=args.repeats,
         temperature=args.temperature,
         log=common.log,
+        group=args.group,
+        past=args.past,
     )
     where = report["config"]
     title = f"speculative decoding (T={args.temperature}, {where['device']}, {where['dtype']})"
@@ -210,6 +216,15 @@ def add_parser(sub) -> None:
     bs.add_argument("--k", default="1,3,5")
     bs.add_argument("--new-tokens", type=int, default=128)
     bs.add_argument("--temperature", type=float, default=1.0)
+    bs.add_argument(
+        "--group",
+        type=int,
+        default=0,
+        help="GRPO groups of math prompts of this size (0: built-in)",
+    )
+    bs.add_argument(
+        "--past", type=int, default=1, help="earlier epochs a history drafter starts with"
+    )
     bs.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
     add_placement_args(bs)
     bs.add_argument("--json", action="store_true", help="end with one JSON line")

@@ -105,6 +105,8 @@ def spec_table(report: dict, title: str) -> None:
         "spec tok/s",
         "speedup",
         "overhead",
+        "nodes/row",
+        "draft ms/it",
     )
     for col in cols:
         table.add_column(col, justify="right")
@@ -119,5 +121,7 @@ def spec_table(report: dict, title: str) -> None:
             f"{r['spec_tok_s']:.1f}",
             f"{r['speedup']:.2f}",
             f"{r['overhead_frac']:.3f}",
+            f"{r.get('nodes_per_row', 0):.1f}",
+            f"{r.get('draft_ms_per_iter', 0):.2f}",
         )
     console.print(table)

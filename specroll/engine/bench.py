@@ -16,6 +16,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -212,7 +213,7 @@ def compare_spec(
     tok_s: dict = {key: [] for key in [None, *engines]}
     stats: dict = {}
 
-    def run(key, eng: Engine) -> None:
+    def run(key, eng: Engine, reqs: list[Request]) -> None:
         synchronize(eng.device)
         t0 = time.perf_counter()
         out = eng.generate(reqs)
@@ -220,10 +221,13 @@ def compare_spec(
         tok_s[key].append(sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0))
         stats.setdefault(key, []).append(out.stats)
 
-    for _ in range(repeats):
-        run(None, plain)
+    for r in range(repeats):
+        # fresh seeds every round: a drafter that remembers earlier rounds (history) must
+        # not meet the very samples it saw before
+        reqs_r = [_reseeded(q, r * len(reqs)) for q in reqs]
+        run(None, plain, reqs_r)
         for key, eng in engines.items():
-            run(key, eng)
+            run(key, eng, reqs_r)
     rows = []
     for d, k in engines:
         ss = stats[(d, k)]
@@ -242,10 +246,65 @@ def compare_spec(
             "speedup": round(statistics.median(ratios), 3),
             "overhead_frac": round(statistics.median(s.other_s / s.total_s for s in ss), 4),
             "draft_frac": round(statistics.median(s.draft_s / s.total_s for s in ss), 4),
+            "draft_ms_per_iter": round(
+                statistics.median(1e3 * s.draft_s / max(s.target_forwards, 1) for s in ss), 3
+            ),
+            "nodes_per_row": round(
+                statistics.median(s.draft_nodes / max(s.row_forwards, 1) for s in ss), 2
+            ),
+            "target_ms_per_iter": round(
+                statistics.median(1e3 * s.target_s / max(s.target_forwards, 1) for s in ss), 3
+            ),
         }
         log(f"{row}")
         rows.append(row)
     return rows
+
+
+def _reseeded(req: Request, offset: int) -> Request:
+    """`req` with its seed moved by `offset` (unseeded requests stay unseeded)."""
+    if req.params.seed is None or offset == 0:
+        return req
+    return Request(req.prompt_ids, replace(req.params, seed=req.params.seed + offset))
+
+
+def spec_requests(
+    tok, B: int, new_tokens: int, temperature: float, group: int = 0, seed: int = 0
+) -> list[Request]:
+    """`bench spec`'s B requests: with `group` = 0, the built-in prompts, exactly
+    `new_tokens` tokens each (stop tokens off); else ceil(B / group) procedural math
+    prompts, each `group` times (a GRPO group), ending at EOS as RL rollouts do."""
+    if group <= 0:
+        texts = [BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)] for i in range(B)]
+        ids = [tok.encode_prompt(t) for t in texts]
+        stops: tuple[int, ...] | None = ()
+    else:
+        from specroll.tasks.sets import encode, prompt_set
+
+        prompts = [encode(tok, p) for p in prompt_set("math", -(-B // group), seed=1)]
+        ids = [prompts[i // group] for i in range(B)]
+        stops = None
+    return [
+        Request(
+            p,
+            SamplingParams(
+                temperature, max_new_tokens=new_tokens, stop_token_ids=stops, seed=seed + i
+            ),
+        )
+        for i, p in enumerate(ids)
+    ]
+
+
+def remember_past(model: Transformer, drafter: Drafter, reqs: list[Request], epochs: int) -> None:
+    """Give a history drafter `epochs` earlier rollouts of every request (plain samples
+    with seeds of their own), as RL's past epochs would; other drafters ignore it."""
+    remember = getattr(drafter, "remember", None)
+    if remember is None or epochs <= 0:
+        return
+    plain = Engine(model, EngineConfig(max_batch=max(len(reqs), 1)))
+    for e in range(epochs):
+        for r in plain.generate([_reseeded(q, (1 + e) * 10**9) for q in reqs]):
+            remember(r.prompt_ids, r.token_ids)
 
 
 def bench_spec(
@@ -258,28 +317,27 @@ def bench_spec(
     repeats: int = 3,
     temperature: float = 1.0,
     log: Callable[[str], None] = print,
+    group: int = 0,
+    past: int = 1,
 ) -> dict:
-    """`compare_spec` on the built-in prompts, `batch` requests of exactly `new_tokens`
-    tokens each (stop tokens off) per batch size."""
+    """`compare_spec` per batch size on `spec_requests` (group 0: built-in prompts, else
+    GRPO groups of math prompts); history drafters start with `past` earlier epochs."""
     from specroll.drafters.build import build_drafter
 
     rows = []
     for B in batches:
-        texts = [BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)] for i in range(B)]
-        reqs = [
-            Request(
-                tok.encode_prompt(t),
-                SamplingParams(temperature, max_new_tokens=new_tokens, stop_token_ids=(), seed=i),
-            )
-            for i, t in enumerate(texts)
-        ]
+        reqs = spec_requests(tok, B, new_tokens, temperature, group)
         built = {d: build_drafter(d, model) for d in drafters}
+        for drafter in built.values():
+            remember_past(model, drafter, reqs, past)
         rows += compare_spec(model, reqs, built, B, ks, repeats, log)
     return {
         "bench": "spec",
         "config": placement(model),
         "new_tokens": new_tokens,
         "temperature": temperature,
+        "group": group,
+        "past_epochs": past,
         "repeats": repeats,
         "threads": torch.get_num_threads(),
         "rows": rows,

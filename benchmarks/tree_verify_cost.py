@@ -1,0 +1,122 @@
+"""What a draft tree costs to verify: engine iteration time with trees of n nodes per row
+against plain decoding, per batch size, on the machine at hand (CPU or GPU).
+
+Acceptance does not depend on the hardware (`benchmarks/history_acceptance.py` measures
+it); cost does. This measures the cost with the policy's architecture and random weights
+(the time of a forward does not depend on the weights), so it runs where the weights are
+not available: a random tree drafter proposes n nodes per row every iteration, and the
+figure is wall time per engine iteration over the plain engine's, interleaved, median of
+repeats. Projected speed-up at a batch size = tokens per iteration (measured acceptance)
+/ this ratio.
+
+    python benchmarks/tree_verify_cost.py --config scratch/smollm2_config.json --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specroll.device import synchronize
+from specroll.drafters.base import Drafter, Proposal
+from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+from specroll.engine.depth import FixedDepth
+from specroll.model import ModelConfig, Transformer
+from specroll.model.weights import for_inference
+
+
+class RandomTree(Drafter):
+    """n random nodes per row, bushy: what a history tree of n nodes costs to score."""
+
+    name = "random-tree"
+    tree = True
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab, self.g = vocab, torch.Generator().manual_seed(0)
+
+    def propose(self, batch) -> Proposal:
+        B, k = batch.last.shape[0], batch.k
+        parents = torch.stack(
+            [torch.randint(0, j + 1, (B,), generator=self.g) for j in range(k)], 1
+        )
+        tokens = torch.randint(0, self.vocab, (B, k), generator=self.g)
+        dev = batch.last.device
+        return Proposal(tokens=tokens.to(dev), probs=None, parents=parents.to(dev))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="an HF config.json of the policy")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--batches", default="1,4,16,32")
+    ap.add_argument("--nodes", default="3,8,16,64")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    cfg = ModelConfig.from_hf(json.loads(Path(args.config).read_text()))
+    model = for_inference(Transformer(cfg).init_weights(0), args.device, getattr(torch, args.dtype))
+    dev = next(model.parameters()).device
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for B in [int(b) for b in args.batches.split(",")]:
+        reqs = [
+            Request(
+                torch.randint(0, cfg.vocab_size, (args.prompt_len,), generator=g).tolist(),
+                SamplingParams(1.0, max_new_tokens=args.new_tokens, stop_token_ids=(), seed=i),
+            )
+            for i in range(B)
+        ]
+        engines = {"plain": Engine(model, EngineConfig(max_batch=B))}
+        for n in [int(x) for x in args.nodes.split(",")]:
+            engines[f"tree{n}"] = Engine(
+                model, EngineConfig(max_batch=B), RandomTree(cfg.vocab_size), FixedDepth(n)
+            )
+        times: dict[str, list[float]] = {k: [] for k in engines}
+        for eng in engines.values():
+            eng.generate(reqs[:1])  # warm-up
+        for _ in range(args.repeats):
+            for name, eng in engines.items():
+                synchronize(dev)
+                t0 = time.perf_counter()
+                out = eng.generate(reqs)
+                synchronize(dev)
+                s = out.stats
+                times[name].append(
+                    (time.perf_counter() - t0 - s.target_s * 0) / max(s.target_forwards, 1)
+                )
+        base = statistics.median(times["plain"])
+        for name in engines:
+            t = statistics.median(times[name])
+            row = {
+                "batch": B,
+                "mode": name,
+                "ms_per_iter": round(t * 1e3, 3),
+                "cost_vs_plain": round(t / base, 3),
+            }
+            print(row, flush=True)
+            rows.append(row)
+    print(
+        json.dumps(
+            {
+                "bench": "tree_verify_cost",
+                "device": str(dev),
+                "dtype": args.dtype,
+                "config": args.config,
+                "new_tokens": args.new_tokens,
+                "prompt_len": args.prompt_len,
+                "repeats": args.repeats,
+                "rows": rows,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
