@@ -67,6 +67,7 @@ def main() -> None:
                 base.remember(r.prompt_ids, r.token_ids)
             pred, meas = [], []
             walked = measured = None
+            exact = True
             t0 = time.perf_counter()
             for g in range(args.prompts):
                 sl = slice(g * args.group, (g + 1) * args.group)
@@ -84,6 +85,16 @@ def main() -> None:
                 eng = Engine(model, EngineConfig(max_batch=args.group), d, FixedDepth(k))
                 out = eng.generate(reqs(t, 0)[sl])
                 s = out.stats
+                # the mechanism itself: walked along the engine's own samples, the
+                # prediction is the measurement, iteration for iteration
+                own = walk(
+                    copy.deepcopy(base),
+                    [r.prompt_ids for r in out],
+                    [r.token_ids for r in out],
+                    k,
+                    args.new_tokens,
+                )
+                exact &= (own.row_forwards, own.emitted) == (s.row_forwards, s.emitted_tokens)
                 meas.append(s.tokens_per_forward)
                 measured = s if measured is None else measured.merged([measured, s])
             row = {
@@ -93,6 +104,7 @@ def main() -> None:
                 "measured_tokens_per_iter": round(measured.tokens_per_forward, 4),
                 "predicted_se": round(stderr(pred), 4),
                 "measured_se": round(stderr(meas), 4),
+                "walk_on_engine_samples_equals_measured": exact,
                 "predicted_al": round(walked.acceptance_length, 4),
                 "measured_al": round(measured.acceptance_length, 4),
                 "measured_nodes_per_row": round(measured.draft_nodes / measured.row_forwards, 2),

@@ -211,7 +211,11 @@ def add_parser(sub) -> None:
     be.set_defaults(func=cmd_bench_engine)
     bs = bench.add_parser("spec", help="speculative vs plain decoding, same prompts and seeds")
     bs.add_argument("--model", default="smollm2")
-    bs.add_argument("--drafters", default="ngram,self", help="comma list: ngram, self, ...")
+    bs.add_argument(
+        "--drafters",
+        default="ngram,self",
+        help="comma list: ngram, self, history, eagle3:PATH, ...; SPEC@K runs SPEC at its own k",
+    )
     bs.add_argument("--batches", default="1,4,16")
     bs.add_argument("--k", default="1,3,5")
     bs.add_argument("--new-tokens", type=int, default=128)

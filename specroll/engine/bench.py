@@ -185,14 +185,17 @@ def bench_engine(
 def compare_spec(
     model: Transformer,
     reqs: list[Request],
-    drafters: dict[str, Drafter],
+    drafters: dict[str, Drafter] | dict[tuple[str, int], Drafter],
     batch: int,
-    ks: list[int],
+    ks: list[int] | None,
     repeats: int = 3,
     log: Callable[[str], None] = print,
 ) -> list[dict]:
     """Speculative vs plain decoding of `reqs` with `batch` slots, in this process.
 
+    `drafters` by name, each run at every k of `ks`; or, with `ks` None, by (name, k),
+    one drafter per engine (a drafter that keeps history must not share it with another
+    engine: within a round they sample with the same seeds).
     Every (drafter, k) engine and the plain one run the same requests, interleaved, and
     each point is the median of `repeats` rounds. Speculative sampling draws the plain
     engine's distribution, not its samples: with stop tokens the modes emit different
@@ -205,10 +208,12 @@ def compare_spec(
 
     plain = Engine(model, EngineConfig(max_batch=batch))
     plain.generate(reqs[:1])  # warm-up
+    runs = (
+        drafters if ks is None else {(d, k): drafter for d, drafter in drafters.items() for k in ks}
+    )
     engines = {
         (d, k): Engine(model, EngineConfig(max_batch=batch), drafter, FixedDepth(k))
-        for d, drafter in drafters.items()
-        for k in ks
+        for (d, k), drafter in runs.items()
     }
     tok_s: dict = {key: [] for key in [None, *engines]}
     stats: dict = {}
@@ -321,16 +326,22 @@ def bench_spec(
     past: int = 1,
 ) -> dict:
     """`compare_spec` per batch size on `spec_requests` (group 0: built-in prompts, else
-    GRPO groups of math prompts); history drafters start with `past` earlier epochs."""
+    GRPO groups of math prompts), one drafter per (drafter, k) engine; history drafters
+    start with `past` earlier epochs. A drafter spec may name its own depth or node
+    budget as `SPEC@K` (e.g. `eagle3:drafts/math@3,history@16`); others run at `ks`."""
     from specroll.drafters.build import build_drafter
 
+    combos = []
+    for d in drafters:
+        spec, at, k = d.rpartition("@") if "@" in d else (d, "", "")
+        combos += [(spec, int(k))] if at else [(d, k_) for k_ in ks]
     rows = []
     for B in batches:
         reqs = spec_requests(tok, B, new_tokens, temperature, group)
-        built = {d: build_drafter(d, model) for d in drafters}
+        built = {(d, k): build_drafter(d, model) for d, k in combos}
         for drafter in built.values():
             remember_past(model, drafter, reqs, past)
-        rows += compare_spec(model, reqs, built, B, ks, repeats, log)
+        rows += compare_spec(model, reqs, built, B, None, repeats, log)
     return {
         "bench": "spec",
         "config": placement(model),

@@ -39,13 +39,14 @@ import numpy as np
 import torch
 
 from specroll.drafters.base import DraftBatch, Drafter, Proposal
+from specroll.engine import tree_step
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
 from specroll.engine.slots import Slots
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.model.weights import load_state
-from specroll.spec import rng, tree
+from specroll.spec import rng
 from specroll.spec.metrics import CollapseDetector, SpecStats
 from specroll.spec.tree import TreeVerifyOutput
 from specroll.spec.verify import VerifyOutput, verify
@@ -360,52 +361,11 @@ class Engine:
     def _verify_tree(
         self, st: Slots, B: int, prop: Proposal, num_draft: torch.Tensor
     ) -> tuple[TreeVerifyOutput, torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-        """Score every row's draft tree in one target forward and walk it (`spec.tree`).
-
-        A row keeps the nodes its proposal filled (`lengths`) no deeper than num_draft[b]
-        (its cap, its budget, the context room). The accepted path's keys and values move
-        to their sequence positions. Returns (verification, each row's tree depth, its
-        nodes, the drafter's hidden states along the path ([B, D+1, H] each))."""
-        long = dict(dtype=torch.long, device=self.device)
-        rows = torch.arange(B, **long)
-        k = prop.tokens.shape[1]
-        tokens = torch.cat([st.last[:B, None], prop.tokens], dim=1)  # [B, N], N = k + 1
-        parents = torch.cat([torch.full((B, 1), -1, **long), prop.parents], dim=1)  # [B, N]
-        filled = k if prop.lengths is None else prop.lengths.unsqueeze(1)
-        parents = parents.masked_fill(torch.arange(k + 1, **long) > filled, -1)
-        anc = tree.ancestors(parents)  # [B, N, N]
-        depth = tree.depths(anc)  # [B, N]
-        used = (parents >= 0) & (depth <= num_draft.unsqueeze(1))  # [B, N] verified nodes
-        parents = parents.masked_fill(~used, -1)  # a cut node is nobody's child
-        row_depth = (depth * used).amax(1)  # [B]
-        D = int(row_depth.max())
-        layers = self.drafter.hidden_layers
-        L = self.model.cfg.num_layers
+        """`engine.tree_step.run` on rows 0..B-1, timed as a target forward."""
         t = time.perf_counter()
-        out = self.model(
-            tokens,
-            positions=st.pos[:B],
-            cache=self.cache,
-            hidden_layers=(*layers, L),
-            return_logits=False,
-            max_start=max(st.pos_host[:B]),
-            tree=anc,
-        )
-        h = out.hidden[L]  # [B, N, H] last layer, before the final norm
-        packed = self.model.packed_weights() or []
-        ver = tree.verify_tree(
-            lambda r, nodes: self.model.head_logits(h[r, nodes], packed),
-            tokens,
-            parents,
-            D,
-            st.sampling(rows, range(B)),
-            rng.uniforms(st.seed[:B], st.n_gen[:B, None] + torch.arange(D + 1, **long)),
-        )
-        tree.compact_path(self.cache.k, self.cache.v, rows, st.pos[:B], ver.path)
+        out = tree_step.run(self.model, self.cache, st, B, prop, num_draft, self.drafter)
         self.stats.target_s += time.perf_counter() - t
-        along = ver.path.unsqueeze(-1)  # [B, D+1, 1]
-        hidden = {i: out.hidden[i].gather(1, along.expand(-1, -1, h.shape[-1])) for i in layers}
-        return ver, row_depth, used.sum(1), hidden
+        return out
 
     def _accept(
         self,

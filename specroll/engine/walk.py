@@ -34,6 +34,8 @@ class Walk:
     """Row-iterations that proposed at least one candidate."""
     accepted: int = 0
     """Candidates accepted."""
+    nodes: int = 0
+    """Candidates proposed (what the target would score)."""
     per_row: list[float] | None = None
     """Tokens per iteration of each response (for error bars)."""
 
@@ -51,11 +53,13 @@ def walk(
     prompts: list[list[int]],
     responses: list[list[int]],
     k: int,
-    max_new_tokens: int,
+    max_new_tokens: int | list[int],
 ) -> Walk:
     """Walk `drafter` (node budget k per iteration) along `responses` to `prompts`, all
-    decoding side by side as in one engine batch with max_new_tokens per request."""
+    decoding side by side as in one engine batch; max_new_tokens: each request's budget
+    (one for all, or one per request), which bounds its draft depth as in the engine."""
     B = len(prompts)
+    budget = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
     L = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True)) + k + 2
     history = torch.zeros(B, L, dtype=torch.long)
     for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
@@ -73,7 +77,7 @@ def walk(
         n = len(rows)
         g = torch.tensor([n_gen[j] for j in rows])
         pos = torch.tensor([len(prompts[j]) - 1 + n_gen[j] for j in rows])
-        cap = torch.tensor([min(k, max_new_tokens - n_gen[j] - 1) for j in rows]).clamp(min=0)
+        cap = torch.tensor([min(k, budget[j] - n_gen[j] - 1) for j in rows]).clamp(min=0)
         prop = drafter.propose(
             DraftBatch(
                 k=k,
@@ -97,6 +101,7 @@ def walk(
             toks[j] += emitted
             out.row_forwards += 1
             out.emitted += emitted
+            out.nodes += k if prop.lengths is None else int(prop.lengths[slot])
             if _proposed(prop, slot):
                 out.drafted += 1
                 out.accepted += a
