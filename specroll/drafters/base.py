@@ -15,7 +15,9 @@ Per generate() call the engine calls, in order:
                                        after every target forward: num_new[b] tokens of
                                        row b entered the target cache at pos_before[b]..
                                        (hidden: the target states of that forward)
-  release(slot)                        the row in `slot` finished (before any move)
+  release(slot, generated)             the row in `slot` finished with `generated` tokens
+                                       kept (commit saw all that entered the cache, which
+                                       may run past a stop token); before any move
   move(src, dst)                       row src now lives in slot dst (compaction)
 
 Devices and dtypes: a drafter works on the device of the tensors the engine hands it
@@ -105,7 +107,7 @@ class Drafter:
     ) -> None:
         pass
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: int, generated: int) -> None:
         pass
 
     def move(self, src: int, dst: int) -> None:

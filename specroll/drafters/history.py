@@ -226,9 +226,12 @@ class HistoryDrafter(Drafter):
                 row.tokens.extend(new[b][: counts[b]])
                 row.prompt.index.extend(row.sid, row.tokens, before)
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: int, generated: int) -> None:
         row, self.slots[slot] = self.slots[slot], None
         if row is not None:
+            # what followed a stop token entered the cache, not the rollout: cut it (its
+            # n-grams stay in the index but point past the end, where `find` skips them)
+            del row.tokens[len(row.prompt.ids) + generated :]
             self._keep(row, learn=self.learn)
 
     def _keep(self, row: _Row, learn: bool) -> None:

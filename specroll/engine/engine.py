@@ -200,9 +200,9 @@ class Engine:
             done = st.finished(B)
             for b in sorted(done, reverse=True):
                 j = st.request[b]
-                if self.drafter is not None:
-                    self.drafter.release(b)
                 results[j] = st.result(b, requests[j], seeds[j], done[b], versions)
+                if self.drafter is not None:
+                    self.drafter.release(b, len(results[j].token_ids))
                 results[j].first_token_s = first_token[j]
                 results[j].latency_s = time.perf_counter() - t0
                 B -= 1

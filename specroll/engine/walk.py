@@ -72,7 +72,7 @@ def walk(
     iters, toks = [0] * B, [0] * B
     for slot in reversed(range(B)):  # responses of one token are done at once
         if len(responses[rows[slot]]) <= 1:
-            rows = _release(drafter, rows, slot)
+            rows = _release(drafter, rows, slot, len(responses[rows[slot]]))
     while rows:
         n = len(rows)
         g = torch.tensor([n_gen[j] for j in rows])
@@ -108,7 +108,7 @@ def walk(
         drafter.commit(n, pos, torch.tensor(num), {}, history[rows])
         for slot in reversed(range(n)):
             if n_gen[rows[slot]] >= len(responses[rows[slot]]):
-                rows = _release(drafter, rows, slot)
+                rows = _release(drafter, rows, slot, len(responses[rows[slot]]))
     out.per_row = [t / i if i else 0.0 for t, i in zip(toks, iters, strict=True)]
     return out
 
@@ -135,9 +135,9 @@ def _descend(prop, slot: int, ahead: list[int], cap: int) -> int:
     return depth
 
 
-def _release(drafter: Drafter, rows: list[int], slot: int) -> list[int]:
+def _release(drafter: Drafter, rows: list[int], slot: int, generated: int) -> list[int]:
     """Finish the row in `slot` and compact as the engine does (the last row moves in)."""
-    drafter.release(slot)
+    drafter.release(slot, generated)
     last = len(rows) - 1
     if slot != last:
         drafter.move(last, slot)
