@@ -23,7 +23,7 @@ iteration is the engine's `draft_s` (`bench spec` reports it).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +51,10 @@ class HistoryConfig:
     """Finished rollouts kept per prompt (past steps and epochs)."""
     window: int = 256
     """Finished rollouts of any prompt kept for drafting across prompts."""
+    prompts: int = 128
+    """Prompts whose history is kept; the least recently seen one goes first (its live
+    rows, if any, stay until they finish). Memory: about 1.3 kB per remembered token, so
+    128 prompts x 16 rollouts x 512 tokens is about 1.4 GB at most."""
     sources: tuple[str, ...] = SOURCES
     """Which of prompt / siblings / past / others to draft from."""
     chain: bool = False
@@ -60,7 +64,7 @@ class HistoryConfig:
         for name in ("max_depth", "n_max", "matches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"history.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("past", "window"):
+        for name in ("past", "window", "prompts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"history.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.min_prob < 1:
@@ -76,7 +80,10 @@ class HistoryConfig:
 
 class SuffixIndex:
     """Where each n-gram (n <= n_max) of a set of token sequences occurred, and so what
-    followed it: key → [(sequence id, index of the next token)], in insertion order.
+    followed it: hash of the n-gram → sequence id << 32 | index of the next token (a list
+    of them, in insertion order, once there are several). Hashed keys and packed ints keep
+    a remembered token near 1.3 kB in both indexes together (measured; a hash collision
+    only proposes a wrong candidate: verification makes that cost speed, never exactness).
 
     Sequences grow token by token (`extend`); removed ones (`drop`) are skipped at once
     and purged when they outnumber the live entries."""
@@ -84,18 +91,26 @@ class SuffixIndex:
     def __init__(self, n_max: int) -> None:
         self.n_max = n_max
         self.seqs: dict[int, list[int]] = {}
-        self.grams: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self.grams: dict[int, int | list[int]] = {}
         self.live_tokens = self.dead_tokens = 0
 
     def extend(self, sid: int, tokens: list[int], start: int = 0) -> None:
         """Sequence `sid` is now `tokens`; index its n-grams ending at start.. (the new
         ones: `start` = its previous length; 0 indexes it all)."""
         self.seqs[sid] = tokens
-        grams, n_max = self.grams, self.n_max
-        for t in range(start, len(tokens)):
+        grams, n_max, base = self.grams, self.n_max, sid << 32
+        for t in range(max(start, 0), len(tokens)):
+            entry = base | (t + 1)
             for n in range(1, min(n_max, t + 1) + 1):
-                grams.setdefault(tuple(tokens[t - n + 1 : t + 1]), []).append((sid, t + 1))
-        self.live_tokens += max(len(tokens) - start, 0)
+                key = hash(tuple(tokens[t - n + 1 : t + 1]))
+                found = grams.get(key)
+                if found is None:  # most n-grams occur once: a bare int, not a list
+                    grams[key] = entry
+                elif type(found) is int:
+                    grams[key] = [found, entry]
+                else:
+                    found.append(entry)
+        self.live_tokens += max(len(tokens) - max(start, 0), 0)
 
     def drop(self, sid: int) -> None:
         seq = self.seqs.pop(sid, None)
@@ -119,10 +134,11 @@ class SuffixIndex:
         """The latest `limit` occurrences of `suffix` with a known next token, as
         (sequence id, sequence, index of that token), skipping the sequences in `skip`."""
         out = []
-        entries = self.grams.get(suffix)
-        if not entries:
+        entries = self.grams.get(hash(suffix))
+        if entries is None:
             return out
-        for sid, nxt in reversed(entries):
+        for entry in reversed(entries) if type(entries) is list else (entries,):
+            sid, nxt = entry >> 32, entry & 0xFFFFFFFF
             seq = self.seqs.get(sid)
             if seq is None or nxt >= len(seq) or sid in skip:
                 continue
@@ -186,7 +202,7 @@ class HistoryDrafter(Drafter):
 
     def __init__(self, config: HistoryConfig | None = None) -> None:
         self.config = cfg = config or HistoryConfig()
-        self.prompts: dict[tuple[int, ...], _Prompt] = {}
+        self.prompts: OrderedDict[tuple[int, ...], _Prompt] = OrderedDict()
         self.others = SuffixIndex(cfg.n_max)
         self.recent: deque[int] = deque()  # finished rollouts in `others`, oldest first
         self._next_id = 0
@@ -316,12 +332,23 @@ class HistoryDrafter(Drafter):
 
     def _prompt(self, ids: tuple[int, ...]) -> _Prompt:
         prompt = self.prompts.get(ids)
-        if prompt is None:
+        if prompt is not None:
+            self.prompts.move_to_end(ids)
+        else:
             prompt = self.prompts[ids] = _Prompt(
                 ids, SuffixIndex(self.config.n_max), self._new_id()
             )
             prompt.index.extend(prompt.sid, list(ids))
+            self._evict()
         return prompt
+
+    def _evict(self) -> None:
+        """Forget the least recently seen prompts beyond `prompts` (not ones being
+        generated): memory is bounded by prompts x (past + live) rollouts, plus `window`."""
+        extra = len(self.prompts) - max(self.config.prompts, 1)
+        for ids in list(self.prompts)[:extra] if extra > 0 else ():
+            if not self.prompts[ids].live:
+                del self.prompts[ids]
 
     def _new_id(self) -> int:
         self._next_id += 1
