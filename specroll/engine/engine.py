@@ -12,7 +12,9 @@ proposes up to k tokens per row, one target forward scores every row's k+1 posit
 its own cache position, `spec.verify` accepts, and each row advances by what it
 emitted (rejected cache entries are simply overwritten later). Plain decoding is the
 k = 0 case of that step and draws the very same random numbers, so turning speculation
-off changes nothing but speed.
+off changes nothing but speed. A drafter may propose a tree of candidates instead of a
+chain (`Proposal.parents`): `engine.tree_step` scores it in one forward and walks it
+(`spec.tree`), and the iteration is recorded as a chain's.
 
 Randomness comes from counter-based uniforms keyed by (request seed, token index): a
 request's tokens do not depend on which other requests share its batch.
