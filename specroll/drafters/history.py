@@ -13,8 +13,10 @@ finds where the row's latest tokens occurred before (longest match first, shorte
 filling up to `matches` occurrences), and merges what followed them into a tree of
 candidates scored by frequency (`tree_from`): the most frequent continuations, best
 first, up to the engine's node budget and `max_depth`, none whose estimated probability
-is under `min_prob`. The engine verifies the tree losslessly (`spec.tree`): history
-tokens are candidates, never samples, so no rollout reuses another's randomness.
+is under `min_prob`. The size of each iteration's trees follows the matches: the
+proposal is only as wide as its fullest row, so the target scores no padding nodes.
+The engine verifies the tree losslessly (`spec.tree`): history tokens are candidates,
+never samples, so no rollout reuses another's randomness.
 
 A prompt is identified by its token ids, so siblings and past epochs need no bookkeeping
 from the caller. Everything here is host-side Python over small lists; its time per
@@ -290,12 +292,15 @@ class HistoryDrafter(Drafter):
             toks, pars = tree_from(occ, k, min(cfg.max_depth, caps[b]), cfg.min_prob, cfg.chain)
             n = len(toks)
             tokens[b][:n], parents[b][:n], lengths[b] = toks, pars, n
+        # the tree is as wide as the fullest row's: when the matches support few
+        # candidates, the target forward scores few (an unused node costs as much as one)
+        width = max(lengths)
         long = dict(dtype=torch.long, device=batch.last.device)
         return Proposal(
-            tokens=torch.tensor(tokens, **long),
+            tokens=torch.tensor([t[:width] for t in tokens], **long).view(B, width),
             probs=None,
             lengths=torch.tensor(lengths, **long),
-            parents=torch.tensor(parents, **long),
+            parents=torch.tensor([p[:width] for p in parents], **long).view(B, width),
         )
 
     # history --------------------------------------------------------------------------
