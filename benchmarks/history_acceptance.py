@@ -80,7 +80,7 @@ def main() -> None:
                     args.new_tokens,
                 )
                 pred.append(w.tokens_per_forward)
-                walked = w if walked is None else _add(walked, w)
+                walked = w if walked is None else walked + w
                 d = copy.deepcopy(base)
                 eng = Engine(model, EngineConfig(max_batch=args.group), d, FixedDepth(k))
                 out = eng.generate(reqs(t, 0)[sl])
@@ -125,17 +125,6 @@ def main() -> None:
                 "rows": rows,
             }
         )
-    )
-
-
-def _add(a, b):
-    from specroll.engine.walk import Walk
-
-    return Walk(
-        a.row_forwards + b.row_forwards,
-        a.emitted + b.emitted,
-        a.drafted + b.drafted,
-        a.accepted + b.accepted,
     )
 
 

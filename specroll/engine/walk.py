@@ -14,7 +14,7 @@ siblings) see what they would see in the engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -36,8 +36,10 @@ class Walk:
     """Candidates accepted."""
     nodes: int = 0
     """Candidates proposed (what the target would score)."""
-    per_row: list[float] | None = None
-    """Tokens per iteration of each response (for error bars)."""
+
+    def __add__(self, other: Walk) -> Walk:
+        """Two walks' counts together (e.g. one walk per GRPO group)."""
+        return Walk(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Walk)))
 
     @property
     def tokens_per_forward(self) -> float:
@@ -68,8 +70,7 @@ def walk(
     drafter.prefill(0, [p + r[:1] for p, r in zip(prompts, responses, strict=True)], {})
     n_gen = [1] * B  # the first token comes from the prefill
     rows = list(range(B))  # slot -> response index; finished rows are compacted away
-    out = Walk(per_row=[0.0] * B)
-    iters, toks = [0] * B, [0] * B
+    out = Walk()
     for slot in reversed(range(B)):  # responses of one token are done at once
         if len(responses[rows[slot]]) <= 1:
             rows = _release(drafter, rows, slot, len(responses[rows[slot]]))
@@ -97,8 +98,6 @@ def walk(
             emitted = min(a + 1, len(r) - at)
             n_gen[j] += emitted
             num.append(emitted)
-            iters[j] += 1
-            toks[j] += emitted
             out.row_forwards += 1
             out.emitted += emitted
             out.nodes += k if prop.lengths is None else int(prop.lengths[slot])
@@ -109,7 +108,6 @@ def walk(
         for slot in reversed(range(n)):
             if n_gen[rows[slot]] >= len(responses[rows[slot]]):
                 rows = _release(drafter, rows, slot, len(responses[rows[slot]]))
-    out.per_row = [t / i if i else 0.0 for t, i in zip(toks, iters, strict=True)]
     return out
 
 

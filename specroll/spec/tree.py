@@ -117,7 +117,8 @@ def verify_tree(
         x = truncate(temper(raw, s.temperature, hints), s.top_k, s.top_p, hints)
         lse = x.logsumexp(-1, keepdim=True)
         y = sample_from_probs((x - lse).exp(), u_sample[rows, d])  # [n]
-        y = torch.where(s.greedy, raw.argmax(-1), y)
+        if sampling.any_greedy():  # from the host hints: no device read
+            y = torch.where(s.greedy, raw.argmax(-1), y)
         out[rows, d] = y
         lp[rows, d] = (x.gather(1, y.unsqueeze(1)) - lse).squeeze(1)
         # the child of the current node whose token is y (first of duplicates), if any
