@@ -7,7 +7,9 @@ it); cost does. This measures the cost with the policy's architecture and random
 not available: a random tree drafter proposes n nodes per row every iteration, and the
 figure is wall time per engine iteration (the prefill's time taken off) over the plain
 engine's, interleaved, median of repeats. Projected speed-up at a batch size = tokens
-per iteration (measured acceptance) / this ratio.
+per iteration (measured acceptance) / this ratio. `--chains` adds chains of k random
+candidates (the chain verifier) at the same widths: tree over chain is what the tree path
+itself costs (mask, walk, path compaction), the term the simulator adds to a chain's.
 
     python benchmarks/tree_verify_cost.py --config scratch/smollm2_config.json --device cuda
 """
@@ -24,30 +26,11 @@ from pathlib import Path
 import torch
 
 from specroll.device import synchronize
-from specroll.drafters.base import Drafter, Proposal
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
+from specroll.engine.profile import RandomTree
 from specroll.model import ModelConfig, Transformer
 from specroll.model.weights import for_inference
-
-
-class RandomTree(Drafter):
-    """n random nodes per row, bushy: what a history tree of n nodes costs to score."""
-
-    name = "random-tree"
-    tree = True
-
-    def __init__(self, vocab: int) -> None:
-        self.vocab, self.g = vocab, torch.Generator().manual_seed(0)
-
-    def propose(self, batch) -> Proposal:
-        B, k = batch.last.shape[0], batch.k
-        parents = torch.stack(
-            [torch.randint(0, j + 1, (B,), generator=self.g) for j in range(k)], 1
-        )
-        tokens = torch.randint(0, self.vocab, (B, k), generator=self.g)
-        dev = batch.last.device
-        return Proposal(tokens=tokens.to(dev), probs=None, parents=parents.to(dev))
 
 
 def main() -> None:
@@ -60,6 +43,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--chains", default="", help="chain widths to time beside the trees")
+    ap.add_argument("--out", default="", help="also write the final JSON here")
     args = ap.parse_args()
     cfg = ModelConfig.from_hf(json.loads(Path(args.config).read_text()))
     model = for_inference(Transformer(cfg).init_weights(0), args.device, getattr(torch, args.dtype))
@@ -79,6 +64,9 @@ def main() -> None:
             engines[f"tree{n}"] = Engine(
                 model, EngineConfig(max_batch=B), RandomTree(cfg.vocab_size), FixedDepth(n)
             )
+        for n in [int(x) for x in args.chains.split(",") if x]:
+            chain = RandomTree(cfg.vocab_size, chain=True)
+            engines[f"chain{n}"] = Engine(model, EngineConfig(max_batch=B), chain, FixedDepth(n))
         times: dict[str, list[float]] = {k: [] for k in engines}
         for eng in engines.values():
             eng.generate(reqs[:1])  # warm-up
@@ -108,20 +96,19 @@ def main() -> None:
             }
             print(row, flush=True)
             rows.append(row)
-    print(
-        json.dumps(
-            {
-                "bench": "tree_verify_cost",
-                "device": str(dev),
-                "dtype": args.dtype,
-                "config": args.config,
-                "new_tokens": args.new_tokens,
-                "prompt_len": args.prompt_len,
-                "repeats": args.repeats,
-                "rows": rows,
-            }
-        )
-    )
+    final = {
+        "bench": "tree_verify_cost",
+        "device": str(dev),
+        "dtype": args.dtype,
+        "config": args.config,
+        "new_tokens": args.new_tokens,
+        "prompt_len": args.prompt_len,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(final) + "\n")
+    print(json.dumps(final))
 
 
 if __name__ == "__main__":

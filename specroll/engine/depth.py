@@ -10,7 +10,8 @@ was accepted.
 * `AdaptiveDepth`: each iteration the k in 0..k_max that maximises expected emitted
   tokens per second, from a fitted cost model (`specroll.sim.costmodel`) calibrated
   online on the iteration times the engine measures, and running per-position
-  acceptance estimates that follow the policy and draft as they change.
+  acceptance estimates that follow the policy and draft as they change. With
+  `tree=True` (a drafter of trees) k is a node budget: adaptive tree size.
 
 The engine calls, per decode/verify iteration, `choose(B, ctx)`, then `observe(num_draft,
 accepted)` after verification (when it drafted) and `observe_time(B, k, ctx, seconds)`
@@ -95,6 +96,17 @@ class AdaptiveDepth:
     than the nearest octave's, shrunk by `borrow` per octave, unless the measured times'
     slope in k says it is cheaper: see `times`).
 
+    **Trees** (`tree=True`). k counts the nodes of a draft tree, which a tree drafter
+    proposes best first with parents before children (`drafters.history`,
+    `drafters.combined`): a budget of m keeps the first m nodes of the budget-k tree. The
+    walk descends into a child exactly when the target's draw is that child, so under a
+    budget of m it would have stopped at the first node of the accepted path numbered m
+    or more, with the same draw: one verified tree tells what every smaller budget would
+    have emitted. Hence tau(k) = 1 + sum_{i<k} a_i, where a_i (the rate at which node i
+    was on the accepted path) is estimated from decayed counts, a node the proposal left
+    empty counting as reached and missed, with the prior a_i = prior / (i + 1). The
+    budgets considered are 0, 1, 2, 4, ... (and k_max); probing steps up one of them.
+
     Exploration is deterministic and cheap: before speculating at a batch octave where
     plain decoding has not run (or not in the last `refresh` iterations there), run one
     plain iteration; go at most one deeper than the deepest depth run at the octave (the
@@ -140,6 +152,8 @@ class AdaptiveDepth:
     """Median measured/predicted ratios outside this band mark the profile stale."""
     disagreement: dict | None = field(init=False, default=None, repr=False)
     """Set when the profile failed its check: the median ratios that failed it."""
+    tree: bool = False
+    """k is a tree's node budget (a tree drafter): see **Trees**."""
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -157,6 +171,13 @@ class AdaptiveDepth:
         self._iters: dict[int, int] = {}  # octave -> iterations chosen there
         self._first: list[tuple[int, float]] = []  # (k, ratio) of the first iterations
         self._checked = False
+        self.sizes = list(range(self.k_max + 1))
+        """The depths (node budgets) considered."""
+        self._prior = [self.prior] * self.k_max  # per-position prior estimate
+        if self.tree:
+            grid = {0, self.k_max, *(1 << i for i in range(self.k_max.bit_length()))}
+            self.sizes = sorted(s for s in grid if s <= self.k_max)
+            self._prior = [self.prior / (i + 1) for i in range(self.k_max)]
 
     # ------------------------------------------------------------------ acceptance
 
@@ -171,17 +192,20 @@ class AdaptiveDepth:
         return torch.tensor(self._accepted, dtype=torch.float64, device="cpu")
 
     def _alphas(self) -> list[float]:
-        w, p = self.prior_weight, self.prior
-        return [(a + w * p) / (r + w) for a, r in zip(self._accepted, self._reached, strict=True)]
+        w = self.prior_weight
+        return [
+            (a + w * p) / (r + w)
+            for a, r, p in zip(self._accepted, self._reached, self._prior, strict=True)
+        ]
 
     def alphas(self) -> torch.Tensor:
-        """[k_max] conditional acceptance estimates."""
+        """[k_max] conditional acceptance estimates (trees: node i on the accepted path)."""
         return torch.tensor(self._alphas(), dtype=torch.float64, device="cpu")
 
     def _taus(self) -> list[float]:
         taus, run = [1.0], 1.0
         for a in self._alphas():
-            run *= a
+            run = a if self.tree else run * a
             taus.append(taus[-1] + run)
         return taus
 
@@ -192,7 +216,7 @@ class AdaptiveDepth:
     def _decay(self, below_prior: bool) -> None:
         """Decay the counts of positions whose estimate is below (or not) the prior."""
         for j, a in enumerate(self._alphas()):
-            if (a < self.prior) == below_prior:
+            if (a < self._prior[j]) == below_prior:
                 self._reached[j] *= self.decay
                 self._accepted[j] *= self.decay
 
@@ -207,20 +231,27 @@ class AdaptiveDepth:
 
     def observe_counts(self, rows: int, accepted: list[int]) -> None:
         """`observe` from host values: rows verified, and per position j the rows whose
-        drafts 0..j were all accepted (and drafted)."""
+        drafts 0..j were all accepted (and drafted); trees: per node j, the rows whose
+        accepted path went through it."""
         k = min(len(accepted), self.k_max)
         if k == 0:
             return
         acc = accepted[:k]
         self._decay(below_prior=False)  # the others decayed in choose()
         # position j is *reached* when 0..j-1 were accepted (drafted or not: an empty
-        # position was verified all the same, and rejected)
-        reached = [rows, *acc[:-1]]
+        # position was verified all the same, and rejected); a tree's every node is
+        reached = [rows] * k if self.tree else [rows, *acc[:-1]]
         for j in range(k):
             self._reached[j] += reached[j]
             self._accepted[j] += acc[j]
 
     # ------------------------------------------------------------------ time
+
+    def _predict(self, B: int, k: int, ctx: float) -> float:
+        """The profile's iteration time (a tree's k nodes cost more than k drafts)."""
+        if self.tree:
+            return self.cost.iteration(B, k, ctx, tree=True)
+        return self.cost.iteration(B, k, ctx)
 
     @staticmethod
     def octave(batch_size: int) -> int:
@@ -229,7 +260,7 @@ class AdaptiveDepth:
 
     def observe_time(self, batch_size: int, k: int, ctx: float, seconds: float) -> None:
         """Wall time of one engine iteration over `batch_size` rows drafting k."""
-        pred = self.cost.iteration(batch_size, k, ctx)
+        pred = self._predict(batch_size, k, ctx)
         if pred <= 0 or seconds <= 0 or not 0 <= k <= self.k_max:
             return
         key = (self.octave(batch_size), k)
@@ -333,7 +364,7 @@ class AdaptiveDepth:
         deeper, which then measures it)."""
         B = batch_size
         corr = self.corrections(B)
-        t = [self.cost.iteration(B, k, ctx) * math.exp(corr[k]) for k in range(self.k_max + 1)]
+        t = [self._predict(B, k, ctx) * math.exp(corr[k]) for k in range(self.k_max + 1)]
         b = self.octave(B)
         ks = [k for k in range(self.k_max + 1) if (b, k) in self._logr]
         if len(ks) >= 2 and ks[0] == 0:
@@ -352,15 +383,21 @@ class AdaptiveDepth:
     def best(self, batch_size: int, ctx: float = 0.0) -> int:
         """The depth with the highest expected tokens/s (no exploration)."""
         rates = self.rates(batch_size, ctx)
-        return max(range(len(rates)), key=rates.__getitem__)
+        return max(self.sizes, key=rates.__getitem__)
+
+    def _next(self, k: int, step: int) -> int | None:
+        """The considered depth `step` places above (+) or below (-) k, if any."""
+        i = self.sizes.index(k) + step if k in self.sizes else -1
+        return self.sizes[i] if 0 <= i < len(self.sizes) else None
 
     def choose(self, batch_size: int, ctx: float = 0.0) -> int:
         self._decay(below_prior=True)  # pessimistic estimates relax (see observe)
         b = self.octave(batch_size)
         it = self._iters[b] = self._iters.get(b, 0) + 1
         rates = self.rates(batch_size, ctx)
-        best = max(range(len(rates)), key=rates.__getitem__)
-        top = max((j for j in range(1, self.k_max + 1) if (b, j) in self._logr), default=0)
+        best = max(self.sizes, key=rates.__getitem__)
+        top = max((j for j in self.sizes[1:] if (b, j) in self._logr), default=0)
+        deeper = self._next(top, 1)  # one step deeper than measured here
 
         def due(k: int) -> bool:  # never run at this octave, or not for `refresh` iterations
             seen = self._seen.get((b, k))
@@ -368,17 +405,17 @@ class AdaptiveDepth:
 
         close = self.probe_margin * rates[best]
         if best == 0:
-            alt = max(range(1, len(rates)), key=rates.__getitem__)
-            step = min(alt, top + 1)
+            alt = max(self.sizes[1:], key=rates.__getitem__)
+            step = min(alt, deeper if deeper is not None else alt)
             if due(step) and (top == 0 or rates[alt] >= close):
                 return step  # once per octave whatever the profile says; then only if close
             return 0
         if due(0):  # plain decoding measured first (and now and then)
             return 0
-        if best > top:  # one step deeper than measured here
-            return top + 1
-        for n in (best + 1, best - 1):  # neighbours predicted close: measure them now and then
-            if 0 < n <= self.k_max and due(n) and rates[n] >= close:
+        if best > top and deeper is not None:  # one step deeper than measured here
+            return deeper
+        for n in (self._next(best, 1), self._next(best, -1)):  # neighbours predicted close:
+            if n and due(n) and rates[n] >= close:  # measure them now and then
                 return n
         return best
 

@@ -307,8 +307,12 @@ class Engine:
             if prop.lengths is not None and prop.parents is None:
                 num_draft = torch.minimum(num_draft, prop.lengths)
         pos_before = st.pos[:B].clone()
+        hits = None
         if prop is not None and prop.parents is not None:
             ver, num_draft, nodes, hidden = self._verify_tree(st, B, prop, num_draft)
+            # [k] rows whose accepted path went through node i + 1 (adaptive tree size)
+            on_path = torch.zeros(B, k + 1, **long).scatter_(1, ver.path, 1)
+            hits = on_path[:, 1:].sum(0)
         else:
             tokens = torch.cat([st.last[:B, None], drafts], dim=1)  # [B, k+1]
             t = time.perf_counter()
@@ -322,7 +326,7 @@ class Engine:
             self.stats.target_s += time.perf_counter() - t
             ver = self._verify_chain(st, rows, range(B), out.logits, num_draft, (drafts, probs))
             nodes, hidden = num_draft, out.hidden
-        emitted, _ = self._accept(st, rows, range(B), ver, num_draft, ctx, nodes=nodes)
+        emitted, _ = self._accept(st, rows, range(B), ver, num_draft, ctx, nodes=nodes, hits=hits)
         if self.drafter is not None:
             t = time.perf_counter()
             self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, hidden, st.history)
@@ -379,14 +383,16 @@ class Engine:
         ctx: int,
         observe: bool = True,
         nodes: torch.Tensor | None = None,
+        hits: torch.Tensor | None = None,
     ) -> tuple[int, list[int]]:
         """Record each row's verified tokens up to its first stop condition.
 
         rows: [n] the slots (on the device); span: the same slots on the host. ver: the
         verification of K drafted positions per row (chain or tree), num_draft [n] the
         positions each row drafted, nodes [n] the candidates it verified (a tree's may
-        exceed num_draft; None: none). Every row advances its cache position by the
-        tokens that entered the cache (`last` + accepted drafts).
+        exceed num_draft; None: none), hits [k] per tree node the rows whose accepted path
+        went through it (what the depth policy learns from a tree). Every row advances its
+        cache position by the tokens that entered the cache (`last` + accepted drafts).
         Returns (tokens recorded, each row's new `last`).
 
         The host learns what it needs of the iteration — positions, finish codes, the
@@ -407,6 +413,8 @@ class Engine:
         parts = [emitted, count, finish, num_draft, ver.num_accepted, last, nodes]
         if drafted is not None and observe:  # per-position totals: statistics, depth policy
             parts += [ver.accepted.sum(0), drafted.sum(0), (ver.accepted & drafted).sum(0)]
+            if hits is not None:
+                parts.append(hits)
         host = torch.cat(parts).tolist()  # the iteration's one read-back
         h_emit, h_count, h_finish, h_draft, h_acc, h_last, h_nodes = (
             host[i * n : (i + 1) * n] for i in range(7)
@@ -415,17 +423,20 @@ class Engine:
         total = sum(h_count)
         if observe:  # decode/verify forward (prefill is not a speculation step)
             per_pos = host[7 * n :]
-            acc_pos, drafted_pos, acc_drafted = per_pos[:K], per_pos[K : 2 * K], per_pos[2 * K :]
+            acc_pos, drafted_pos = per_pos[:K], per_pos[K : 2 * K]
+            # what the depth policy learns: per position (chain), per node (tree)
+            acc_drafted = per_pos[3 * K :] if hits is not None else per_pos[2 * K : 3 * K]
             self.stats.observe_counts(n, K, total, h_draft, acc_pos, drafted_pos)
             self.stats.draft_nodes += sum(h_nodes)
-            if K > 0:
+            if acc_drafted:
                 self.depth.observe_counts(n, acc_drafted)
             # first draft positions only: deep positions of a healthy draft are rarely
-            # reached, a stale or corrupt one fails at once
-            self._watch(
-                sum(d > 0 for d in h_draft),
-                sum(a > 0 and d > 0 for a, d in zip(h_acc, h_draft, strict=True)),
-            )
+            # reached, a stale or corrupt one fails at once (history's misses are no fault)
+            if self.drafter is not None and self.drafter.watch_collapse:
+                self._watch(
+                    sum(d > 0 for d in h_draft),
+                    sum(a > 0 and d > 0 for a, d in zip(h_acc, h_draft, strict=True)),
+                )
         return total, h_last
 
     def _watch(self, drafted: int, first_accepted: int) -> None:

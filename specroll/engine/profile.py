@@ -5,7 +5,9 @@ Two kinds of measurement, both in this process:
   c), each point the median of several timed runs on a warm cache;
 * real speculative engine runs with the drafter at several (B, k), from which the
   per-iteration draft time and the verification/bookkeeping overhead are read off the
-  engine's own timers (`SpecStats`).
+  engine's own timers (`SpecStats`);
+* for a drafter of trees, engine runs over random trees of n nodes per row (`RandomTree`),
+  whose iteration times beyond the fitted chain prediction are the tree terms.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specroll.device import synchronize
-from specroll.drafters.base import Drafter
+from specroll.drafters.base import Drafter, Proposal
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
@@ -52,6 +54,59 @@ def time_forward(model: Transformer, B: int, q: int, ctx: int, repeats: int = 5)
     return statistics.median(times)
 
 
+class RandomTree(Drafter):
+    """n random nodes per row every iteration, bushy: what scoring a tree of n nodes costs
+    whatever its tokens (a forward's time does not depend on them); `chain`: n random
+    tokens as a chain (the chain verifier), for comparison."""
+
+    name = "random-tree"
+
+    def __init__(self, vocab: int, seed: int = 0, chain: bool = False) -> None:
+        self.vocab, self.g = vocab, torch.Generator().manual_seed(seed)
+        self.tree = not chain
+
+    def propose(self, batch) -> Proposal:
+        B, k = batch.last.shape[0], batch.k
+        tokens = torch.randint(0, self.vocab, (B, k), generator=self.g)
+        dev = batch.last.device
+        if not self.tree:
+            return Proposal(tokens=tokens.to(dev), probs=None)
+        parents = torch.stack(
+            [torch.randint(0, j + 1, (B,), generator=self.g) for j in range(k)], 1
+        )
+        return Proposal(tokens=tokens.to(dev), probs=None, parents=parents.to(dev))
+
+
+def tree_terms(
+    model: Transformer,
+    cm: CostModel,
+    requests: list[Request],
+    batches: tuple[int, ...],
+    nodes: tuple[int, ...],
+    ctx: float,
+) -> tuple[float, float, list[dict], float]:
+    """Fit `cm`'s tree terms: engine iterations over random trees of n nodes per row at
+    each batch size, less the chain prediction for k = n → (tree_fixed, tree_per_token,
+    points, mape of the fit of the excess)."""
+    pts = []
+    for B in batches:
+        for n in nodes:
+            eng = Engine(
+                model, EngineConfig(max_batch=B), RandomTree(model.cfg.vocab_size), FixedDepth(n)
+            )
+            eng.generate(requests[:1])  # warm-up
+            s = eng.generate(requests[:B]).stats
+            it = max(s.target_forwards, 1)
+            seconds = (s.target_s + s.other_s) / it
+            chain = cm.target(B, n + 1, ctx) + cm.overhead(B, n)
+            pts.append({"B": B, "k": n, "seconds": seconds, "excess": seconds - chain})
+    # a forward at least as cheap as the chain prediction has no tree term to fit
+    xs = [p["B"] * (p["k"] + 1) for p in pts]
+    ys = [max(p["excess"], 1e-6) for p in pts]
+    a, b, err = fit_linear(xs, ys)
+    return a, b, pts, err
+
+
 PROFILE_PROMPTS_SEED = 3
 """Seed of the math prompts a hardware profile is measured on (CLI and training alike)."""
 
@@ -65,11 +120,13 @@ def profile(
     ctxs: tuple[int, ...] = (64, 256, 1024),
     engine_batches: tuple[int, ...] = (1, 4, 16, 32),
     engine_ks: tuple[int, ...] = (0, 1, 3, 5),
+    tree_nodes: tuple[int, ...] = (2, 4, 8, 16),
     new_tokens: int = 32,
     repeats: int = 5,
     log: Callable[[str], None] = print,
 ) -> CostModel:
-    """Measure and fit; `prompts` (token ids) feed the engine runs."""
+    """Measure and fit; `prompts` (token ids) feed the engine runs (and a drafter of trees
+    gets the tree terms: `tree_terms`)."""
     points = []
     for ctx in ctxs:
         if ctx + max(qs) > model.cfg.max_position_embeddings:
@@ -81,7 +138,7 @@ def profile(
         log(f"target forward at context {ctx}: {len(points)} points")
     coef, err = fit_target(points)
     cm = CostModel(**coef)
-    engine_pts = []
+    engine_pts, tree_pts = [], None
     if drafter is not None:
         for B in engine_batches:
             reqs = [
@@ -111,6 +168,15 @@ def profile(
         cm.draft_fixed, cm.draft_per_row, cm.draft_step, cm.draft_step_per_row = d
         cm.overhead_fixed, cm.overhead_per_token = o0, o1
         err.update(draft_mape=round(d_err, 4), overhead_mape=round(o_err, 4))
+        if drafter.tree:
+            ctx = sum(len(p) for p in prompts[: max(engine_batches)]) / max(
+                len(prompts[: max(engine_batches)]), 1
+            )
+            cm.tree_fixed, cm.tree_per_token, tree_pts, t_err = tree_terms(
+                model, cm, reqs, engine_batches, tree_nodes, ctx + new_tokens / 2
+            )
+            err.update(tree_mape=round(t_err, 4))
+            log(f"tree verification at batches {list(engine_batches)}: n = {list(tree_nodes)}")
     cm.meta = {
         "format": FORMAT,
         "threads": torch.get_num_threads(),
@@ -119,6 +185,7 @@ def profile(
         "fit_error": err,
         "target_points": points,
         "engine_points": engine_pts,
+        "tree_points": tree_pts,
         "drafter": None if drafter is None else drafter.name,
     }
     return cm
@@ -161,6 +228,8 @@ def cached_profile(
         cm = CostModel.load(cached)
         if cm.meta.get("format") != FORMAT:
             log(f"{cached} was measured for an older cost model; measuring again")
+        elif drafter.tree and cm.meta.get("tree_points") is None:
+            log(f"{cached} has no tree verification terms; measuring again")
         elif cm.meta.get("stale"):
             log(
                 f"{cached} disagreed with measured iteration times ({cm.meta['stale']}); "

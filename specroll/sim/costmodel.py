@@ -16,7 +16,11 @@ tokens. Its time is modelled as
 The drafter costs, per speculative iteration, `draft_fixed + draft_per_row * B` (feeding
 the verified tokens' features back) plus, per draft token, `draft_step +
 draft_step_per_row * B`; the verifier / sampling / bookkeeping of an iteration costs
-`overhead_fixed + overhead_per_token * B * (k + 1)`. All coefficients are fitted by least
+`overhead_fixed + overhead_per_token * B * (k + 1)`. Verifying a draft *tree* of k nodes
+per row costs the chain's forward over k + 1 tokens plus `tree_fixed + tree_per_token *
+B * (k + 1)` (the tree mask, the walk down the tree, moving the accepted path's keys and
+values; measured by timing engine iterations over trees against the fitted chain
+prediction). All coefficients are fitted by least
 squares to `specroll bench profile` measurements and saved as a hardware profile (JSON),
 with the fit error.
 """
@@ -46,6 +50,8 @@ class CostModel:
     draft_step_per_row: float = 0.0
     overhead_fixed: float = 0.0
     overhead_per_token: float = 0.0
+    tree_fixed: float = 0.0
+    tree_per_token: float = 0.0
     meta: dict = field(default_factory=dict)
     """Where and how it was measured (machine, model, threads, fit error)."""
 
@@ -66,9 +72,17 @@ class CostModel:
         """Verification, sampling and bookkeeping of one iteration."""
         return self.overhead_fixed + self.overhead_per_token * B * (k + 1)
 
-    def iteration(self, B: float, k: int, ctx: float) -> float:
-        """Wall time of one engine iteration drafting k tokens per row (k = 0: plain)."""
-        return self.target(B, k + 1, ctx) + self.draft(B, k) + self.overhead(B, k)
+    def tree(self, B: float, k: int) -> float:
+        """What verifying a tree of k nodes per row costs beyond a chain of k drafts."""
+        if k == 0:
+            return 0.0
+        return self.tree_fixed + self.tree_per_token * B * (k + 1)
+
+    def iteration(self, B: float, k: int, ctx: float, tree: bool = False) -> float:
+        """Wall time of one engine iteration drafting k tokens per row (k = 0: plain);
+        `tree`: k nodes of a draft tree."""
+        t = self.target(B, k + 1, ctx) + self.draft(B, k) + self.overhead(B, k)
+        return t + self.tree(B, k) if tree else t
 
     def prefill(self, B: float, prompt: float) -> float:
         """Prefill of B new rows of `prompt` tokens (the linear and attention terms at
