@@ -87,6 +87,9 @@ class Drafter:
     network: nn.Module | None = None
     """The weights it proposes with (None: it has none, e.g. n-gram): what
     `Engine.load_weights` copies a new draft state into."""
+    watch_collapse = True
+    """The engine warns when this drafter's first tokens stop being accepted (a stale or
+    corrupt draft); False for drafters whose misses are no fault (history)."""
 
     def start(self, num_slots: int, max_len: int) -> None:
         pass
@@ -254,6 +257,26 @@ class FeatureDrafter(Drafter):
                 lg, st = self.run(i + 1, tok.unsqueeze(1), state.unsqueeze(1), batch.pos + i)
                 logits, state = lg[:, 0], st[:, 0]
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
+
+    @torch.inference_mode()
+    def candidates(self, batch: DraftBatch, depth: int, width: int) -> tuple[torch.Tensor, ...]:
+        """Deterministic candidates for a draft tree (`drafters.combined`): along the draft's
+        greedy path, the `width` likeliest tokens of its processed q at each of `depth`
+        positions → (tokens [B, depth, width], q of each [B, depth, width]); column 0 is
+        the path. Nothing is sampled: a tree's candidates are never the rows' draws."""
+        B = batch.last.shape[0]
+        self._catch_up(B, batch.history)
+        logits, state = self.next_logits[:B], self.next_state[:B]
+        tokens, probs = [], []
+        for i in range(depth):
+            q = probs_from_logits(self.to_target_logits(logits).float(), batch.sampling)
+            p, t = q.topk(width, dim=-1)  # [B, width]
+            tokens.append(t)
+            probs.append(p)
+            if i + 1 < depth:  # pair (own state, path token i) at position pos + i
+                lg, st = self.run(i + 1, t[:, :1], state.unsqueeze(1), batch.pos + i)
+                logits, state = lg[:, 0], st[:, 0]
+        return torch.stack(tokens, 1), torch.stack(probs, 1)
 
     def move(self, src: int, dst: int) -> None:
         self.cache.move(src, dst, int(self.fed[src]))

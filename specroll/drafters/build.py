@@ -7,6 +7,9 @@ draft:PATH            a smaller model (HF dir or .gguf) sharing the tokenizer
 self                  the policy as its own draft (an oracle: acceptance 1, for checks)
 eagle3:PATH           an EAGLE-3 head saved by specroll, SpecForge or for vLLM
 mtp:PATH              MTP heads saved by specroll
+history+eagle3:PATH   one tree per row from history and the EAGLE-3 head, each source
+                      weighed by its running acceptance (`drafters.combined`); likewise
+history+mtp:PATH      with MTP heads
 
 A loaded draft network is placed on the target's device and in its dtype: the draft runs
 in the engine's dtype, and hands the verifier fp32 q either way.
@@ -19,7 +22,17 @@ from pathlib import Path
 from specroll.drafters.base import Drafter
 from specroll.model.transformer import Transformer
 
-KINDS = ("ngram", "history", "history:chain", "draft:PATH", "self", "eagle3:PATH", "mtp:PATH")
+KINDS = (
+    "ngram",
+    "history",
+    "history:chain",
+    "draft:PATH",
+    "self",
+    "eagle3:PATH",
+    "mtp:PATH",
+    "history+eagle3:PATH",
+    "history+mtp:PATH",
+)
 
 EXPECTED = {
     "eagle3": "a directory with config.json and *.safetensors: an EAGLE-3 head written by "
@@ -56,6 +69,12 @@ def _placed(module, target: Transformer):
 def build_drafter(spec: str, target: Transformer) -> Drafter:
     """Drafter for `spec` (see module docstring) on top of `target`."""
     kind, _, path = spec.partition(":")
+    if kind in ("history+eagle3", "history+mtp") and path:
+        from specroll.drafters.combined import CombinedDrafter
+        from specroll.drafters.history import HistoryDrafter
+
+        network = build_drafter(spec.removeprefix("history+"), target)
+        return CombinedDrafter(HistoryDrafter(), network)
     if kind == "ngram" and not path:
         from specroll.drafters.ngram import NgramDrafter
 

@@ -25,6 +25,7 @@ iteration is the engine's `draft_s` (`bench spec` reports it).
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -88,11 +89,15 @@ class SuffixIndex:
     only proposes a wrong candidate: verification makes that cost speed, never exactness).
 
     Sequences grow token by token (`extend`); removed ones (`drop`) are skipped at once
-    and purged when they outnumber the live entries."""
+    and purged when they outnumber the live entries. Each key's entries are kept sorted
+    (newest sequence last), whatever order rows grew in: what `find` returns depends only
+    on which sequences are indexed, so a history rebuilt from its sequences (a resumed
+    run's) drafts exactly as the one it was saved from."""
 
     def __init__(self, n_max: int) -> None:
         self.n_max = n_max
         self.seqs: dict[int, list[int]] = {}
+        self.starts: dict[int, int] = {}  # sid -> first index of its n-gram ends
         self.grams: dict[int, int | list[int]] = {}
         self.live_tokens = self.dead_tokens = 0
 
@@ -100,6 +105,7 @@ class SuffixIndex:
         """Sequence `sid` is now `tokens`; index its n-grams ending at start.. (the new
         ones: `start` = its previous length; 0 indexes it all)."""
         self.seqs[sid] = tokens
+        self.starts.setdefault(sid, max(start, 0))
         grams, n_max, base = self.grams, self.n_max, sid << 32
         for t in range(max(start, 0), len(tokens)):
             entry = base | (t + 1)
@@ -109,32 +115,36 @@ class SuffixIndex:
                 if found is None:  # most n-grams occur once: a bare int, not a list
                     grams[key] = entry
                 elif type(found) is int:
-                    grams[key] = [found, entry]
-                else:
+                    grams[key] = [found, entry] if found < entry else [entry, found]
+                elif found[-1] < entry:
                     found.append(entry)
+                else:  # a row that grew after a newer sibling (rare: not the hot path)
+                    insort(found, entry)
         self.live_tokens += max(len(tokens) - max(start, 0), 0)
 
     def drop(self, sid: int) -> None:
         seq = self.seqs.pop(sid, None)
         if seq is None:
             return
+        del self.starts[sid]
         self.live_tokens -= len(seq)
         self.dead_tokens += len(seq)
         if self.dead_tokens > max(self.live_tokens, 4096):
             self._rebuild()
 
     def _rebuild(self) -> None:
-        seqs = self.seqs
-        self.seqs, self.grams = {}, {}
+        seqs, starts = self.seqs, self.starts
+        self.seqs, self.starts, self.grams = {}, {}, {}
         self.live_tokens = self.dead_tokens = 0
         for sid, tokens in seqs.items():
-            self.extend(sid, tokens)
+            self.extend(sid, tokens, starts[sid])
 
     def find(
         self, suffix: tuple[int, ...], limit: int, skip: set[int] = frozenset()
     ) -> list[tuple[int, list[int], int]]:
-        """The latest `limit` occurrences of `suffix` with a known next token, as
-        (sequence id, sequence, index of that token), skipping the sequences in `skip`."""
+        """The latest `limit` occurrences of `suffix` with a known next token (newest
+        sequence first, then latest position), as (sequence id, sequence, index of that
+        token), skipping the sequences in `skip`."""
         out = []
         entries = self.grams.get(hash(suffix))
         if entries is None:
@@ -150,6 +160,28 @@ class SuffixIndex:
         return out
 
 
+Trie = dict[int, list]
+"""token → [weight, children trie]: what followed a row's matches, merged."""
+
+
+def trie(occurrences: list[tuple[list[int], int, float]], depth: int) -> tuple[Trie, float]:
+    """Merge what followed each occurrence (sequence, start, weight), up to `depth` tokens,
+    into a trie → (trie, total weight): a node's weight / its parent's (the total at the
+    root) is the frequency with which its token followed."""
+    root: Trie = {}
+    total = 0.0
+    for seq, start, w in occurrences:
+        total += w
+        level = root
+        for tok in seq[start : start + depth]:
+            node = level.get(tok)
+            if node is None:
+                node = level[tok] = [0.0, {}]
+            node[0] += w
+            level = node[1]
+    return root, total
+
+
 def tree_from(
     occurrences: list[tuple[list[int], int, float]],
     nodes: int,
@@ -162,17 +194,7 @@ def tree_from(
     node indices (0 = the row's last token, j = tokens[j - 1]). A child weighs no more
     than its parent, so best-first order keeps every kept node's parent before it.
     `chain`: only the heaviest child of each node (one path)."""
-    root: dict[int, list] = {}
-    total = 0.0
-    for seq, start, w in occurrences:
-        total += w
-        level = root
-        for tok in seq[start : start + depth]:
-            node = level.get(tok)
-            if node is None:
-                node = level[tok] = [0.0, {}]
-            node[0] += w
-            level = node[1]
+    root, total = trie(occurrences, depth)
     if total <= 0:
         return [], []
     # (−weight, depth, order, token, parent entry, children): best first, parents first
@@ -201,6 +223,7 @@ class HistoryDrafter(Drafter):
 
     name = "history"
     tree = True
+    watch_collapse = False
 
     def __init__(self, config: HistoryConfig | None = None) -> None:
         self.config = cfg = config or HistoryConfig()
@@ -308,6 +331,68 @@ class HistoryDrafter(Drafter):
         """Add a finished rollout of `prompt_ids` to the history, as if generated here."""
         prompt = self._prompt(tuple(prompt_ids))
         self._keep(_Row(prompt, self._new_id(), list(prompt_ids) + list(output_ids)), True)
+
+    def state_dict(self) -> dict[str, torch.Tensor | int]:
+        """The remembered rollouts, as tensors (what a checkpoint saves; between generate
+        calls, when no row is live): every sequence once, the prompts in least recently
+        seen order with their finished rollouts, the cross-prompt window."""
+        seqs: dict[int, list[int]] = {}
+        done, counts = [], []
+        for prompt in self.prompts.values():
+            seqs[prompt.sid] = prompt.index.seqs[prompt.sid]
+            for sid in prompt.done:
+                seqs[sid] = prompt.index.seqs[sid]
+            done += prompt.done
+            counts.append(len(prompt.done))
+        starts = []
+        for sid in self.recent:
+            seqs[sid] = self.others.seqs[sid]
+            starts.append(self.others.starts[sid])
+
+        def t(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.long)
+
+        return {
+            "sids": t(list(seqs)),
+            "lengths": t([len(x) for x in seqs.values()]),
+            "tokens": t([tok for x in seqs.values() for tok in x]),
+            "prompts": t([p.sid for p in self.prompts.values()]),
+            "done": t(done),
+            "done_counts": t(counts),
+            "recent": t(list(self.recent)),
+            "recent_starts": t(starts),
+            "next_id": self._next_id,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Rebuild the history `state_dict` saved (any live rows are dropped)."""
+        cfg = self.config
+        flat = state["tokens"].tolist()
+        ends = torch.cumsum(state["lengths"], 0).tolist()
+        seqs = {
+            sid: flat[end - n : end]
+            for sid, n, end in zip(
+                state["sids"].tolist(), state["lengths"].tolist(), ends, strict=True
+            )
+        }
+        self.prompts = OrderedDict()
+        self.slots = [None] * len(self.slots)
+        done = iter(state["done"].tolist())
+        for psid, count in zip(
+            state["prompts"].tolist(), state["done_counts"].tolist(), strict=True
+        ):
+            ids = tuple(seqs[psid])
+            prompt = self.prompts[ids] = _Prompt(ids, SuffixIndex(cfg.n_max), psid)
+            prompt.index.extend(psid, list(ids))
+            for _ in range(count):
+                sid = next(done)
+                prompt.index.extend(sid, seqs[sid], len(ids) - 1)
+                prompt.done.append(sid)
+        self.others = SuffixIndex(cfg.n_max)
+        self.recent = deque(state["recent"].tolist())
+        for sid, start in zip(self.recent, state["recent_starts"].tolist(), strict=True):
+            self.others.extend(sid, seqs[sid], start)
+        self._next_id = int(state["next_id"])
 
     def _occurrences(self, row: _Row) -> list[tuple[list[int], int, float]]:
         """Earlier occurrences of the row's latest tokens, longest match first, each

@@ -1,0 +1,255 @@
+"""History + a draft network: one tree per row from both, each source weighed by how
+well it has predicted so far.
+
+The history drafter (`drafters.history`) knows what the policy wrote before — siblings,
+past epochs — and nothing else; an EAGLE-3 or MTP draft (`FeatureDrafter`) predicts any
+text, less sharply. Per row and iteration this drafter merges both into one candidate
+tree:
+
+* history: the trie of what followed the row's matches, a child's conditional estimate
+  being its frequency after its parent;
+* the draft: its greedy path of `draft_depth` tokens and, at each position, its
+  `draft_width` - 1 next likeliest tokens as leaves, each estimated by the draft's q
+  (`FeatureDrafter.candidates`: deterministic, never the rows' draws).
+
+A node's score is the estimated probability that the target's walk reaches it: the
+product along its path of each step's conditional estimate, the estimate of a source
+scaled by that source's *calibration* — the decayed ratio of how often its candidates
+were taken to what it predicted for them (verified nodes whose parent the walk reached,
+learnt in `commit` from the tokens that were kept). A node both sources propose takes
+the larger estimate. The heaviest nodes (the engine's node budget, within the row's
+depth cap) are proposed best first, parents before children: so a row whose history
+matches well gets history's continuations, a row without matches the draft's, and
+rows in between a mix — the drafter picks itself per row, from running statistics,
+and the engine's adaptive tree size (`engine.depth`, `tree=True`) picks the budget
+from those trees' measured acceptance and the cost of verifying them.
+
+The tree is verified by `spec.tree`: any deterministic candidates are lossless, so the
+mix never changes what a row samples.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+from specroll.drafters.base import DraftBatch, Drafter, FeatureDrafter, Proposal
+from specroll.drafters.history import HistoryDrafter, trie
+
+SOURCES = ("history", "draft")
+"""Calibration keys: the history drafter, the draft network."""
+
+
+@dataclass
+class CombinedConfig:
+    """How the draft network's candidates join the history's."""
+
+    draft_depth: int = 6
+    """Length of the draft network's greedy path (fewer when the budget is smaller)."""
+    draft_width: int = 3
+    """Candidates per position of that path: the path's token and the next likeliest."""
+    decay: float = 0.99
+    """Decay per iteration of the calibration counts (the policy and the draft change)."""
+    prior: float = 4.0
+    """Pseudo-count of the calibration prior (each source taken at its word)."""
+
+    def __post_init__(self) -> None:
+        for name in ("draft_depth", "draft_width"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"combined.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"combined.decay must be in (0, 1], got {self.decay}")
+        if self.prior <= 0:
+            raise ValueError(f"combined.prior must be > 0, got {self.prior}")
+
+
+Node = tuple[int, ...]
+"""A candidate: its path of tokens after the row's last one."""
+
+
+class CombinedDrafter(Drafter):
+    """Merged history + draft-network trees (module docstring)."""
+
+    tree = True
+    watch_collapse = False
+
+    def __init__(
+        self, history: HistoryDrafter, draft: FeatureDrafter, config: CombinedConfig | None = None
+    ) -> None:
+        self.history, self.draft = history, draft
+        self.config = config or CombinedConfig()
+        self.name = f"history+{draft.name}"
+        self.hidden_layers = draft.hidden_layers
+        self.network = draft.network
+        self.taken = dict.fromkeys(SOURCES, 0.0)
+        """Decayed count of verified candidates of each source that were taken."""
+        self.predicted = dict.fromkeys(SOURCES, 0.0)
+        """Decayed sum of the conditional estimates of those candidates."""
+        self._proposed: list[dict[Node, dict[str, float]] | None] = []
+
+    @property
+    def version(self) -> int:
+        return self.draft.version
+
+    @version.setter
+    def version(self, v: int) -> None:
+        self.draft.version = v
+
+    def calibration(self, source: str) -> float:
+        """Taken / predicted for `source`'s candidates (1 before any evidence)."""
+        a = self.config.prior
+        return (self.taken[source] + a) / (self.predicted[source] + a)
+
+    def remember(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """Add a finished rollout to the history (`HistoryDrafter.remember`)."""
+        self.history.remember(prompt_ids, output_ids)
+
+    def state_dict(self) -> dict:
+        """The history store and the calibration counts (what a checkpoint saves; the
+        network's weights are saved with the draft)."""
+        return {
+            "history": self.history.state_dict(),
+            "taken": dict(self.taken),
+            "predicted": dict(self.predicted),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.load_state_dict(state["history"])
+        self.taken, self.predicted = dict(state["taken"]), dict(state["predicted"])
+
+    # the engine's hooks: both sources follow every row ---------------------------------
+    def start(self, num_slots: int, max_len: int) -> None:
+        self.history.start(num_slots, max_len)
+        self.draft.start(num_slots, max_len)
+        self._proposed = [None] * num_slots
+
+    def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
+        self.history.prefill(start, seqs, hidden)
+        self.draft.prefill(start, seqs, hidden)
+
+    def commit(self, B, pos_before, num_new, hidden, history) -> None:
+        self._learn(B, pos_before, num_new, history)
+        self.history.commit(B, pos_before, num_new, hidden, history)
+        self.draft.commit(B, pos_before, num_new, hidden, history)
+
+    def release(self, slot: int, generated: int) -> None:
+        self.history.release(slot, generated)
+        self.draft.release(slot, generated)
+        self._proposed[slot] = None
+
+    def move(self, src: int, dst: int) -> None:
+        self.history.move(src, dst)
+        self.draft.move(src, dst)
+        self._proposed[dst], self._proposed[src] = self._proposed[src], None
+
+    def warm(self) -> None:
+        self.draft.warm()
+
+    # proposing -------------------------------------------------------------------------
+    def propose(self, batch: DraftBatch) -> Proposal:
+        B, k = batch.last.shape[0], batch.k
+        cfg, hcfg = self.config, self.history.config
+        caps = batch.num_draft.tolist()
+        depth = min(cfg.draft_depth, k, max(caps, default=0))
+        drafted = None
+        if depth > 0:
+            width = min(cfg.draft_width, k)
+            toks, probs = self.draft.candidates(batch, depth, width)  # [B, depth, width]
+            drafted = (toks.tolist(), probs.tolist())
+        c = {s: self.calibration(s) for s in SOURCES}
+        tokens = [[0] * k for _ in range(B)]
+        parents = [list(range(k)) for _ in range(B)]
+        lengths = [0] * B
+        for b in range(B):
+            self._proposed[b] = None
+            cap = min(caps[b], hcfg.max_depth if drafted is None else max(hcfg.max_depth, depth))
+            if cap <= 0:
+                continue
+            est: dict[Node, dict[str, float]] = {}
+            root, total = trie(self.history._occurrences(self.history.slots[b]), hcfg.max_depth)
+            if total > 0:
+                _add_trie(est, root, total, (), cap)
+            if drafted is not None:
+                _add_path(est, drafted[0][b], drafted[1][b], cap)
+            chosen = _best(est, c, k)
+            index = {node: i + 1 for i, node in enumerate(chosen)}
+            tokens[b][: len(chosen)] = [node[-1] for node in chosen]
+            parents[b][: len(chosen)] = [index.get(node[:-1], 0) for node in chosen]
+            lengths[b] = len(chosen)
+            self._proposed[b] = {node: est[node] for node in chosen}
+        width = max(lengths, default=0)  # as wide as the fullest row (see history)
+        long = dict(dtype=torch.long, device=batch.last.device)
+        return Proposal(
+            tokens=torch.tensor([t[:width] for t in tokens], **long).view(B, width),
+            probs=None,
+            lengths=torch.tensor(lengths, **long),
+            parents=torch.tensor([p[:width] for p in parents], **long).view(B, width),
+        )
+
+    def _learn(self, B: int, pos_before, num_new, history: torch.Tensor) -> None:
+        """Calibrate each source on the candidates the walk reached this iteration: the
+        children of every node on the accepted path, taken or not."""
+        d = self.config.decay
+        for s in SOURCES:
+            self.taken[s] *= d
+            self.predicted[s] *= d
+        rows = [b for b in range(B) if self._proposed[b]]
+        if not rows:
+            return
+        width = int(num_new.max())
+        col = torch.arange(1, width + 1, device=history.device)
+        at = (pos_before[:B].unsqueeze(1) + col).clamp(max=history.shape[1] - 1)  # [B, W]
+        new, counts = history[:B].gather(1, at).tolist(), num_new.tolist()
+        for b in rows:
+            est = self._proposed[b]
+            kept = new[b][: counts[b]]  # accepted candidates, then the token drawn
+            children: dict[Node, list[Node]] = {}
+            for node in est:
+                children.setdefault(node[:-1], []).append(node)
+            path: Node = ()
+            for depth, y in enumerate(kept):
+                reached = children.get(path, [])
+                last = depth == len(kept) - 1
+                if last and any(n[-1] == y for n in reached):
+                    break  # cut by a stop or the budget, not by a miss: no evidence
+                for node in reached:
+                    for s, cond in est[node].items():
+                        self.predicted[s] += cond
+                        self.taken[s] += float(node[-1] == y)
+                path = (*path, y)
+                if path not in est:
+                    break
+
+
+def _add_trie(est: dict, level: dict, parent_w: float, prefix: Node, cap: int) -> None:
+    """The history trie's nodes down to depth `cap`, each with its frequency after its
+    parent."""
+    if len(prefix) >= cap:
+        return
+    for tok, (w, children) in level.items():
+        node = (*prefix, tok)
+        est.setdefault(node, {})["history"] = w / parent_w
+        _add_trie(est, children, w, node, cap)
+
+
+def _add_path(est: dict, toks: list[list[int]], probs: list[list[float]], cap: int) -> None:
+    """The draft's greedy path (column 0) and, at each position, its other candidates."""
+    prefix: Node = ()
+    for i in range(min(len(toks), cap)):
+        for tok, q in zip(toks[i], probs[i], strict=True):
+            if q > 0:
+                node = (*prefix, tok)
+                est.setdefault(node, {})["draft"] = q
+        prefix = (*prefix, toks[i][0])
+
+
+def _best(est: dict[Node, dict[str, float]], c: dict[str, float], k: int) -> list[Node]:
+    """The k nodes with the highest calibrated path scores, best first, parents first."""
+    score: dict[Node, float] = {(): 1.0}
+    for node in sorted(est, key=len):  # parents scored before their children
+        cond = max(min(1.0, c[s] * v) for s, v in est[node].items())
+        score[node] = score[node[:-1]] * cond
+    del score[()]
+    return heapq.nsmallest(k, score, key=lambda n: (-score[n], len(n), n))

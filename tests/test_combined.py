@@ -1,0 +1,184 @@
+"""The combined drafter (history + a draft network) and adaptive tree size.
+
+* the conditional case for the combined drafter: history held fixed, fresh seeds, the
+  joint law of three tokens is the target's (chi-square, the suite's method and
+  thresholds), with candidates of both sources taken;
+* greedy: token-identical to plain decoding;
+* it picks itself: a history that knows the answers wins the tree, an empty one leaves
+  it to the draft network;
+* adaptive tree size: a verified tree tells exactly what every smaller budget would have
+  emitted (the counterfactual the size policy learns from), and the policy's estimate.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specroll.drafters.combined import CombinedConfig, CombinedDrafter
+from specroll.drafters.history import HistoryConfig, HistoryDrafter
+from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+from specroll.engine.depth import AdaptiveDepth, FixedDepth
+from specroll.sim.costmodel import CostModel
+from specroll.spec import tree
+from specroll.spec.sampling import RowSampling
+from tests.conftest import (
+    JOINT_SAMPLES,
+    PROMPT,
+    VOCAB,
+    chi2_pvalue,
+    exact_joint,
+    sample_joint,
+    spec_drafters,
+    spec_model,
+    tv_shifted,
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return spec_model(0)
+
+
+def _combined(target, history: HistoryDrafter | None = None) -> CombinedDrafter:
+    return CombinedDrafter(history or HistoryDrafter(), spec_drafters(target)["eagle3"]())
+
+
+def _outputs(target, n: int, t: float, seed0: int, tokens: int = 5) -> list[list[int]]:
+    engine = Engine(target, EngineConfig(max_batch=64))
+    params = [
+        SamplingParams(t, max_new_tokens=tokens, stop_token_ids=(), seed=seed0 + i)
+        for i in range(n)
+    ]
+    return [r.token_ids for r in engine.generate([Request(PROMPT, q) for q in params])]
+
+
+def test_conditional_law_with_the_combined_drafter_and_history_held_fixed(target):
+    """8 old rollouts held fixed, a random-init EAGLE-3 head, trees of 16 nodes, 30k fresh
+    seeds with draft caps 0..3 side by side: the output law is the target's, and
+    candidates of both sources were verified and taken."""
+    t, k, p = 1.0, 0, 1.0
+    history = HistoryDrafter(HistoryConfig(sources=("prompt", "past")))
+    for out in _outputs(target, 8, t, seed0=77):
+        history.remember(PROMPT, out)
+    history.learn = False
+    drafter = _combined(target, history)
+    engine = Engine(target, EngineConfig(max_batch=512), drafter, FixedDepth(16))
+    counts = sample_joint(engine, JOINT_SAMPLES, t, k, p, mixed=True)
+    assert engine.stats.accepted_tokens > JOINT_SAMPLES // 8
+    for source in ("history", "draft"):
+        assert drafter.taken[source] > 0 and drafter.predicted[source] > 0, source
+    exact = exact_joint(target, t, k, p)
+    assert chi2_pvalue(counts, exact) > 1e-4
+    assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
+
+
+def test_greedy_combined_trees_are_token_identical_to_plain(target):
+    reqs = [
+        Request(PROMPT, SamplingParams(0.0, max_new_tokens=48, stop_token_ids=(), seed=i))
+        for i in range(4)
+    ]
+    plain = Engine(target, EngineConfig(max_batch=4)).generate(reqs)
+    engine = Engine(target, EngineConfig(max_batch=4), _combined(target), FixedDepth(12))
+    for _ in range(2):  # the second call drafts from the first's outputs too
+        out = engine.generate(reqs)
+        assert [r.token_ids for r in out] == [r.token_ids for r in plain]
+    assert out.stats.acceptance_length > 2
+
+
+def _sources(drafter: CombinedDrafter) -> dict[str, int]:
+    """How many of the last proposal's nodes each source backed."""
+    n = {"history": 0, "draft": 0}
+    for est in drafter._proposed:
+        for node_est in (est or {}).values():
+            for s in node_est:
+                n[s] += 1
+    return n
+
+
+def test_the_combined_drafter_picks_the_source_that_predicts(target):
+    """A history holding plain decoding's own continuations (greedy) outweighs a random
+    draft network: the trees are history's and accepted whole; with no history they are
+    the draft's."""
+    reqs = [
+        Request(PROMPT, SamplingParams(0.0, max_new_tokens=32, stop_token_ids=(), seed=i))
+        for i in range(2)
+    ]
+    greedy = Engine(target, EngineConfig(max_batch=2)).generate(reqs)
+    knows = HistoryDrafter(HistoryConfig(sources=("past",)))
+    knows.remember(PROMPT, greedy[0].token_ids)
+    empty = HistoryDrafter(HistoryConfig(sources=("past",)))
+    for history, source in ((knows, "history"), (empty, "draft")):
+        history.learn = False
+        drafter = _combined(target, history)
+        captured = []
+        propose = drafter.propose
+
+        def spy(batch, propose=propose, drafter=drafter, captured=captured):
+            out = propose(batch)
+            captured.append(_sources(drafter))
+            return out
+
+        drafter.propose = spy
+        engine = Engine(target, EngineConfig(max_batch=2), drafter, FixedDepth(8))
+        engine.generate(reqs)
+        other = "draft" if source == "history" else "history"
+        assert all(c[other] == 0 for c in captured), captured
+        assert sum(c[source] > 0 for c in captured) >= len(captured) - 1, captured
+    assert drafter.calibration("draft") < 1  # the random head's misses were counted
+
+
+def test_combined_config_names_the_field():
+    with pytest.raises(ValueError, match="combined.draft_width"):
+        CombinedConfig(draft_width=0)
+    with pytest.raises(ValueError, match="combined.decay"):
+        CombinedConfig(decay=1.5)
+
+
+def test_a_verified_tree_tells_what_every_smaller_budget_emits():
+    """Truncating a best-first tree to its first m nodes changes the walk only where it
+    would go through node m or later: with the same uniforms it accepts exactly the
+    accepted path's nodes numbered below m (what adaptive tree size counts)."""
+    g = torch.Generator().manual_seed(5)
+    n, N = 4000, 12
+    logits = torch.randn(N, VOCAB, generator=g) * 2.0  # per node: the target's logits
+    parents = torch.tensor([-1, 0, 0, 0, 1, 1, 2, 4, 4, 5, 7, 8])  # parents first
+    tokens = torch.randint(0, VOCAB, (n, N), generator=g)
+    u = torch.rand(n, 6, generator=g, dtype=torch.float64)
+    rows = RowSampling.full(n, 1.0, 0, 1.0)
+    anc = tree.ancestors(parents.expand(n, -1))
+    depth = int(tree.depths(anc).max())
+
+    def walk(m: int):
+        par = parents.expand(n, -1).clone()
+        par[:, m + 1 :] = -1  # keep nodes 1..m (and the root)
+        return tree.verify_tree(lambda r, nodes: logits[nodes], tokens, par, depth, rows, u)
+
+    full = walk(N - 1)
+    for m in (0, 1, 3, 6, 9):
+        cut = walk(m)
+        path = full.path.masked_fill(torch.arange(depth + 1) > full.num_accepted[:, None], 0)
+        expect = ((path >= 1) & (path <= m)).sum(1)
+        assert torch.equal(cut.num_accepted, expect), m
+        # and what it emits is the full walk's tokens up to there, then the same draw
+        for i in range(0, n, 97):
+            a = int(expect[i])
+            assert cut.tokens[i, : a + 1].tolist() == full.tokens[i, : a + 1].tolist()
+
+
+def test_adaptive_tree_size_estimates_tokens_from_node_hits():
+    cost = CostModel(fixed=1e-3, per_token=1e-4, knee=1.0)
+    policy = AdaptiveDepth(cost, k_max=64, tree=True)
+    assert policy.sizes == [0, 1, 2, 4, 8, 16, 32, 64]
+    for _ in range(400):  # node 0 always on the path, node 1 half the time, the rest never
+        policy.observe_counts(10, [10, 5] + [0] * 62)
+    assert policy.expected_tokens(1) == pytest.approx(2.0, abs=0.02)
+    assert policy.expected_tokens(2) == pytest.approx(2.5, abs=0.02)
+    assert policy.expected_tokens(64) == pytest.approx(2.5, abs=0.05)
+    # forwards cost per token here: the extra nodes buy nothing, so a small tree wins
+    assert policy.best(1) == 2
+    # a useless drafter: plain decoding
+    useless = AdaptiveDepth(cost, k_max=64, tree=True)
+    for _ in range(400):
+        useless.observe_counts(10, [0] * 64)
+    assert useless.best(1) == 0
