@@ -48,6 +48,11 @@ class DataConfig:
     """Difficulty levels of the math task (mixed round-robin)."""
     prompts_per_step: int = 8
     """Prompts per RL step."""
+    pool: int = 0
+    """Training prompts cycled in epochs: the first `pool` of the training stream (the
+    math task's procedural stream, its distinct prompts apart from validation's; or the
+    training file's records), each epoch in a new order; 0 = the whole stream (math:
+    endless, never repeats; a file: all its training records)."""
     group_size: int = 8
     """Samples per prompt (G)."""
     val_size: int = 64
@@ -63,6 +68,11 @@ class DataConfig:
             f"data.levels must be a non-empty subset of {sorted(LEVELS)}, got {list(self.levels)}",
         )
         bound("data", self, "prompts_per_step", 1)
+        check(
+            self.pool == 0 or self.pool >= self.prompts_per_step,
+            f"data.pool must be 0 (the whole stream) or at least data.prompts_per_step="
+            f"{self.prompts_per_step} (a step's prompts all differ), got {self.pool}",
+        )
         check(
             self.group_size >= 2,
             f"data.group_size must be >= 2 (GRPO compares samples), got {self.group_size}",

@@ -29,6 +29,9 @@ VAL_SEED_OFFSET = 10_000
 """Validation problems come from seed + this (a separate stream from training's)."""
 VALIDATION_SEED = 7_777_777
 """First request seed of the validation rollouts (the same every time: comparable)."""
+MATH_POOL_SCAN = 16
+"""The math pool is looked for among at most this many times (pool + validation) problems
+of the stream (level 1 alone repeats itself: a pool larger than it holds fails)."""
 REFILL_SEED_OFFSET = 1 << 40
 """Refill prompts (dynamic sampling) of (step, round) come from the problem stream
 REFILL_SEED_OFFSET + step_seed * (MAX_REFILL_ROUNDS + 1) + round: apart from training's
@@ -85,7 +88,37 @@ def task_files(cfg: TrainConfig) -> TaskFiles:
             f"{d.train_file} holds {len(train)} problems, not more than "
             f"data.val_size={d.val_size} (held out for validation; or give data.val)"
         )
-    return TaskFiles(train, val)
+    files = TaskFiles(train, val)
+    training = files.training(d.val_size)
+    if training is not None and d.pool > len(training):
+        held = f" (less the data.val_size={d.val_size} held out)" if val is None else ""
+        raise ValueError(
+            f"data.pool={d.pool} is more than the {len(training)} training records of "
+            f"{d.train_file}{held}: at most {len(training)}, or 0 for all of them"
+        )
+    return files
+
+
+def math_pool(n: int, seed: int, levels: tuple[int, ...], exclude: set[str]) -> list[Problem]:
+    """The math task's training pool: the first `n` distinct prompts of its stream (`seed`)
+    that are not in `exclude` (the validation prompts: the small levels repeat themselves,
+    so the two streams share a few)."""
+    size = n
+    while True:
+        out, seen = [], set(exclude)
+        for p in math_problems(size, seed, levels):
+            if p.prompt not in seen:
+                seen.add(p.prompt)
+                out.append(p)
+        if len(out) >= n:
+            return out[:n]
+        if size >= MATH_POOL_SCAN * (n + len(exclude)):
+            raise ValueError(
+                f"data.pool={n}: the math task at data.levels={list(levels)} has only "
+                f"{len(out)} distinct prompts apart from validation's among its first "
+                f"{size}; give a smaller pool or more levels"
+            )
+        size *= 2
 
 
 def _prefixed(items: list[Problem], d) -> list[Problem]:
@@ -128,23 +161,48 @@ class Task:
         self.files = task_files(cfg)
         self.file_items = self.files.all()
         """Every problem of the data files (None: none), for `rl.budget`."""
+        self.pool = self._pool()
+        """The training problems cycled in epochs (None: the endless math stream)."""
         r = cfg.reward
         self.reward = RewardSet(r.functions, r.weights, r.timeout_s)
         self.reward.start()
 
-    def problems(self, step: int) -> list[Problem]:
-        """The prompts of `step` (a pure function of seed and step)."""
-        d, seed = self.cfg.data, self.cfg.pipeline.seed
-        P = d.prompts_per_step
+    def _pool(self) -> list[Problem] | None:
+        """The first `data.pool` training problems (all of a file's when 0; None: the math
+        task without a pool, which never repeats)."""
+        d = self.cfg.data
         train = self.files.training(d.val_size)
-        if train is None:
+        if train is not None:
+            return train[: d.pool] if d.pool else train
+        if not d.pool:
+            return None
+        held_out = {p.prompt for p in self.validation()}
+        return math_pool(d.pool, self.cfg.pipeline.seed, d.levels, held_out)
+
+    def problems(self, step: int) -> list[Problem]:
+        """The prompts of `step` (a pure function of seed and step): positions step * P ..
+        (step + 1) * P of the math stream, or of the pool's epochs, each a permutation of
+        the pool seeded pipeline.seed + epoch."""
+        d, seed = self.cfg.data, self.cfg.pipeline.seed
+        P, pool = d.prompts_per_step, self.pool
+        if pool is None:
             return math_problems((step + 1) * P, seed, d.levels)[step * P :]
+        perms: dict[int, torch.Tensor] = {}
         out = []
         for i in range(step * P, (step + 1) * P):
-            epoch, j = divmod(i, len(train))
-            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed + epoch))
-            out.append(train[int(perm[j])])
+            epoch, j = divmod(i, len(pool))
+            if epoch not in perms:
+                gen = torch.Generator().manual_seed(seed + epoch)
+                perms[epoch] = torch.randperm(len(pool), generator=gen)
+            out.append(pool[int(perms[epoch][j])])
         return out
+
+    def epoch(self, step: int) -> float | None:
+        """Epochs of the pool done before `step` starts (fractional: 1.5 = halfway through
+        the second); None for the math stream without a pool (it has no epochs)."""
+        if self.pool is None:
+            return None
+        return step * self.cfg.data.prompts_per_step / len(self.pool)
 
     def validation(self) -> list[Problem]:
         """The validation problems: data.val's, the training file's last `val_size`, or
@@ -165,24 +223,24 @@ class Task:
         """Refill round `rnd` (1, 2, ...) of `step` (dynamic sampling): prompts_per_step
         problems drawn from their own stream, a pure function of (seed, step, round), none
         whose prompt is in `used` (the step's own and its earlier rounds'); fewer when a
-        task of few distinct prompts (a file, or math level 1 alone) has no more new ones
-        among the candidates (4 x prompts_per_step math problems, or the whole file)."""
+        task of few distinct prompts (a file, a pool, or math level 1 alone) has no more
+        new ones among the candidates (4 x prompts_per_step math problems, or the whole
+        pool: data.pool's, or the training file's, in an order of the round's own)."""
         d, P = self.cfg.data, self.cfg.data.prompts_per_step
         seed = (
             REFILL_SEED_OFFSET
             + step_seed(self.cfg.pipeline.seed, step) * (MAX_REFILL_ROUNDS + 1)
             + rnd
         )
-        if self.file_items is None:
+        if self.pool is None:
             # a few times more candidates than needed: small levels repeat prompts
-            pool = math_problems(4 * P, seed, d.levels)
+            candidates = math_problems(4 * P, seed, d.levels)
         else:
-            train = self.file_items[: len(self.file_items) - d.val_size]
-            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
-            pool = [train[int(i)] for i in perm]
+            gen = torch.Generator().manual_seed(seed)
+            candidates = [self.pool[int(i)] for i in torch.randperm(len(self.pool), generator=gen)]
         seen = {p.prompt for p in used}
         out = []
-        for p in pool:
+        for p in candidates:
             if p.prompt not in seen:
                 seen.add(p.prompt)
                 out.append(p)
