@@ -481,3 +481,25 @@ def test_an_exported_run_loads_in_vllm_with_its_draft(tmp_path, monkeypatch):
     drafted, tokens = json.loads(proc.stdout.strip().splitlines()[-1])
     assert drafted > 0  # the exported draft served
     assert tokens == [r.token_ids for r in want]
+
+
+def test_history_on_vllm_uses_its_suffix_method_or_says_what_it_needs():
+    """rollout.drafter=history on vLLM is vLLM's suffix method, which needs the
+    arctic-inference package (not installed in the CPU suite's environment): refused
+    before any model loads, naming the package and the alternatives; the combined
+    drafter has no vLLM counterpart."""
+    import importlib.util
+
+    from specroll.rl.config import build_config
+    from specroll.rl.rollout.vllm import suffix_method
+
+    cfg = build_config("tiny", ["rollout.backend=vllm", "rollout.drafter=history"]).rollout
+    if importlib.util.find_spec("arctic_inference") is None:
+        with pytest.raises(ValueError, match="arctic-inference.*rollout.backend=local"):
+            suffix_method(cfg, "rollout.backend=vllm")
+    else:
+        assert suffix_method(cfg, "rollout.backend=vllm")
+    combined = build_config("tiny", ["rollout.drafter=history+eagle3"]).rollout
+    with pytest.raises(ValueError, match="no rollout.drafter=history.eagle3"):
+        suffix_method(combined, "rollout.backend=vllm")
+    assert not suffix_method(build_config("tiny").rollout, "rollout.backend=vllm")

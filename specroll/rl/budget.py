@@ -159,21 +159,22 @@ def check_bounds(cfg: TrainConfig, model: ModelConfig, prompt: int) -> None:
 
     r, ctx = cfg.rollout, model.max_position_embeddings
     where = f"the policy's context window of {ctx} tokens"
+    k, name = r.depth_max, "rollout.nodes" if r.tree else "rollout.k"
     if prompt + 2 > ctx:
         raise ValueError(
             f"{_data_field(cfg)}: prompts of up to {prompt} tokens (an upper bound) leave "
             f"no room for a response in {where}"
         )
-    if r.k > ctx - prompt - 1:
+    if k > ctx - prompt - 1:
         raise ValueError(
-            f"rollout.k={r.k}: the prompt (up to {prompt} tokens), k draft positions and a "
+            f"{name}={k}: the prompt (up to {prompt} tokens), {k} draft positions and a "
             f"response token must fit {where}; at most {ctx - prompt - 1}"
         )
-    if prompt + r.k + r.max_new_tokens > ctx:
+    if prompt + k + r.max_new_tokens > ctx:
         raise ValueError(
             f"rollout.max_new_tokens={r.max_new_tokens}: the prompt (up to {prompt} tokens), "
-            f"the response and rollout.k={r.k} draft positions must fit {where}; "
-            f"at most {ctx - prompt - r.k}"
+            f"the response and {name}={k} draft positions must fit {where}; "
+            f"at most {ctx - prompt - k}"
         )
     n = cfg.data.prompts_per_step * cfg.data.group_size
     if n > REQUESTS_PER_STEP:
@@ -231,11 +232,11 @@ def _rollout_parts(cfg: TrainConfig, m: ModelConfig, prompt: int, dev: str) -> l
     wb = 2 if r.dtype == "bfloat16" else 4
     requests = max(d.prompts_per_step * d.group_size, d.val_size)
     slots = min(r.max_batch, requests)
-    k = r.k if r.speculative else 0
+    k = r.depth_max if r.speculative else 0
     length = min(m.max_position_embeddings, prompt + r.max_new_tokens + k)
     length = min(-(-length // 64) * 64, m.max_position_embeddings)
     engines = 2 if cfg.pipeline.shadow_every else 1
-    draft = _draft_params(cfg, m) if r.speculative else 0
+    draft = _draft_params(cfg, m) if r.speculative and r.network else 0
     kv = 2 * slots * m.num_kv_heads * m.head_dim * length * wb * (m.num_layers + (k > 0))
     slot_bufs = slots * ((r.max_new_tokens + k + 1) * 12 + (length + k + 2) * 8 + k * 16)
     logits = slots * (k + 1) * m.vocab_size * 4 * 4 + slots * k * _draft_vocab(cfg, m) * 8
@@ -243,7 +244,7 @@ def _rollout_parts(cfg: TrainConfig, m: ModelConfig, prompt: int, dev: str) -> l
     prefill = rows * (6 * m.hidden_size + 3 * m.intermediate_size) * wb
     prefill += max(1, rows // prompt) * m.num_heads * prompt * prompt * 4
     batch = f"rollout.max_batch={r.max_batch} (slots {slots})"
-    gen = f"rollout.max_new_tokens={r.max_new_tokens}, rollout.k={k}"
+    gen = f"rollout.max_new_tokens={r.max_new_tokens}, rollout.{'nodes' if r.tree else 'k'}={k}"
     weights = f"policy.model, rollout.dtype={r.dtype}"
     cache = f"{batch} x {length} positions ({gen}) x {engines} engine(s)"
     return [

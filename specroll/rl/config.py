@@ -32,6 +32,16 @@ ROLLOUT_BACKENDS = ("local", "ray", "vllm")
 """`rollout.backend` values (the modules that build them: `rl.rollout.BACKENDS`)."""
 DEPTHS = ("fixed", "adaptive")
 """`rollout.depth` values."""
+DRAFTERS = ("draft", "history", "history+draft", "eagle3", "mtp", "history+eagle3", "history+mtp")
+"""`rollout.drafter` values: the draft network ('draft': of `draft.kind`; 'eagle3' / 'mtp'
+name the kind), rollout history, or one tree per row from both (`drafters.combined`)."""
+
+
+def drafter_sources(name: str) -> set[str]:
+    """{'history', 'draft'} parts of a `rollout.drafter` value (eagle3 / mtp are 'draft')."""
+    return {"history" if part == "history" else "draft" for part in name.split("+")}
+
+
 WORKER_BACKENDS = ("local", "vllm")
 """In-process backends a Ray rollout worker can run (`ray.worker_backend`)."""
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -95,8 +105,17 @@ class RolloutConfig:
     """Engine cache slots (concurrent rollouts)."""
     speculative: bool = True
     """Generate with the draft (lossless); False = plain autoregressive decoding."""
+    drafter: str = "draft"
+    """What proposes: 'draft' (the draft network of draft.kind, a chain per row; 'eagle3'
+    or 'mtp' say which kind it must be), 'history' (trees from the run's own rollouts:
+    siblings, past epochs; no network), or 'history+draft' (likewise 'history+eagle3',
+    'history+mtp': one tree per row from both, each source weighed by its running
+    acceptance)."""
     k: int = 7
     """Draft tokens per speculative iteration (depth='adaptive': the most it may choose)."""
+    nodes: int = 32
+    """Tree drafters (history, history+...): candidate nodes per row and iteration (depth=
+    'adaptive': the largest tree size it may choose, among 1, 2, 4, ...)."""
     spec_max_batch: int = 4
     """depth='fixed': speculate only while at most this many rows are active (CPU
     verification is compute bound at larger batches; see `specroll bench engine`)."""
@@ -128,12 +147,19 @@ class RolloutConfig:
         bound("rollout", self, "max_new_tokens", 1)
         bound("rollout", self, "max_batch", 1)
         bound("rollout", self, "k", 1)
+        bound("rollout", self, "nodes", 1)
+        one_of("rollout", self, "drafter", DRAFTERS)
         # hard caps whatever the model (its context window bounds both further:
         # rl.budget); each value sizes engine buffers before a token is generated
         check(
             self.k <= 64,
             f"rollout.k must be <= 64 (draft positions past a few dozen are almost never "
             f"accepted, and each one costs memory and a verification column), got {self.k}",
+        )
+        check(
+            self.nodes <= 256,
+            f"rollout.nodes must be <= 256 (each node is a verified token per row), got "
+            f"{self.nodes}",
         )
         check(
             self.max_new_tokens <= 1 << 20,
@@ -145,6 +171,21 @@ class RolloutConfig:
         one_of("rollout", self, "backend", ROLLOUT_BACKENDS)
         check_device_name("rollout.device", self.device)
         check_dtype_name("rollout.dtype", self.dtype)
+
+    @property
+    def tree(self) -> bool:
+        """The drafter proposes trees (k is then `nodes`)."""
+        return self.drafter.startswith("history")
+
+    @property
+    def network(self) -> bool:
+        """The drafter uses the draft network."""
+        return self.drafter != "history"
+
+    @property
+    def depth_max(self) -> int:
+        """The most draft tokens (chains) or nodes (trees) per row and iteration."""
+        return self.nodes if self.tree else self.k
 
 
 RECOMPUTE = ("auto", "always")
@@ -323,6 +364,12 @@ class PipelineConfig:
     """Every this many steps, also generate the step's requests without speculation (same
     prompts, seeds and policy version; discarded) to measure the generation speed-up
     (0 = never)."""
+    shadow_drafters: tuple[str, ...] = ()
+    """At shadow steps, also generate the step's requests with each of these drafters
+    (rollout.drafter values made of the run's own drafter's sources, e.g. eagle3 and
+    history beside history+eagle3) on the same weights, seeds and history (discarded):
+    each one's acceptance and speed-up over plain decoding, measured in one run
+    (metrics `shadow/<drafter>/...`; local backend)."""
     max_lag: int = 0
     """Asynchronous RL: rollouts for steps t+1..t+max_lag are generated while the learner
     trains step t (samples up to max_lag updates old; older ones are dropped and counted).
@@ -340,6 +387,12 @@ class PipelineConfig:
         one_of("pipeline", self, "export_dtype", EXPORT_DTYPES)
         bound("pipeline", self, "checkpoint_every", 0)
         bound("pipeline", self, "keep_checkpoints", 1)
+        self.shadow_drafters = tuple(self.shadow_drafters)
+        for name in self.shadow_drafters:
+            check(
+                name in DRAFTERS,
+                f"pipeline.shadow_drafters: {name!r} is not one of {', '.join(DRAFTERS)}",
+            )
 
 
 @dataclass
@@ -392,6 +445,27 @@ class TrainConfig:
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
+        d = self.rollout.drafter
+        for name in self.pipeline.shadow_drafters:
+            check(
+                drafter_sources(name) <= drafter_sources(d),
+                f"pipeline.shadow_drafters: {name} drafts from sources the run's "
+                f"rollout.drafter={d} does not keep (its history, its network); with "
+                f"rollout.drafter=history+draft any of history, draft can be compared",
+            )
+        if self.pipeline.shadow_drafters:
+            check(
+                self.pipeline.shadow_every > 0 and self.rollout.backend == "local",
+                "pipeline.shadow_drafters needs pipeline.shadow_every > 0 and "
+                f"rollout.backend=local (got shadow_every={self.pipeline.shadow_every}, "
+                f"backend={self.rollout.backend})",
+            )
+        net = d.removeprefix("history+")
+        check(
+            net in ("history", "draft", self.draft.kind),
+            f"rollout.drafter={d} uses a {net} network but draft.kind={self.draft.kind}: set "
+            f"rollout.drafter to draft, history+draft or history, or draft.kind={net}",
+        )
         # refill rounds are generated after the step's rewards are known, with the weights
         # of the step: the window of asynchronous steps submits before that
         check(

@@ -71,5 +71,14 @@ class RolloutBackend(ABC):
     def update_weights(self, version: int, weights: Weights) -> None:
         """Load `weights` under `version` (a None draft keeps the draft's weights)."""
 
+    def drafter_state(self) -> dict | None:
+        """What the drafter learnt from the rollouts (the history drafter's store), for a
+        checkpoint; None when it keeps nothing a resumed run would need."""
+        return None
+
+    def load_drafter_state(self, state: dict) -> None:
+        """Restore `drafter_state` (a resumed run drafts as the interrupted one would)."""
+        raise ValueError("this rollout backend keeps no drafter state to restore")
+
     def close(self) -> None:  # noqa: B027 - a backend without workers has nothing to release
         """Release engines and workers (in-flight submissions are discarded)."""

@@ -9,13 +9,16 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specroll.device import resolve_device, resolve_dtype
+from specroll.drafters.base import Drafter
+from specroll.drafters.combined import CombinedDrafter
+from specroll.drafters.history import HistoryDrafter
 from specroll.drafters.trainable import TrainableDraft
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.profile import cached_profile
-from specroll.engine.request import Request
+from specroll.engine.request import Request, Results
 from specroll.model.transformer import Transformer
-from specroll.rl.config import RolloutConfig, TrainConfig
+from specroll.rl.config import RolloutConfig, TrainConfig, drafter_sources
 from specroll.rl.replica import Weights, replica
 from specroll.rl.rollout.base import Done, Pending, RolloutBackend
 
@@ -36,30 +39,65 @@ def build_engine(
     prompts: list[list[int]],
     log: Callable[[str], None] = print,
 ) -> Engine:
-    """The engine of a rollout backend on its own `model` and `draft` copies: the depth
-    policy of `rollout_cfg`, and for adaptive depth the cost profile of the machine this
-    runs on (given, cached, or measured now on `prompts`), so that it is profiled where it
-    decodes. Both are moved to `rollout.device` / `rollout.dtype` first."""
+    """The engine of a rollout backend on its own `model` and `draft` copies: the drafter
+    and depth policy of `rollout_cfg`, and for adaptive depth the cost profile of the
+    machine this runs on (given, cached, or measured now on `prompts`), so that it is
+    profiled where it decodes. Both are moved to `rollout.device` / `rollout.dtype` first."""
     model = place(model, rollout_cfg)
     if draft is not None:
         draft = place(draft, rollout_cfg)
-    drafter, depth = None, None
-    if draft is not None and rollout_cfg.speculative:
-        drafter = draft.drafter()
+    drafter = build_drafter(rollout_cfg, draft) if rollout_cfg.speculative else None
+    return engine_with(rollout_cfg, model.eval(), drafter, prompts, log)
+
+
+def engine_with(
+    rollout_cfg: RolloutConfig,
+    model: Transformer,
+    drafter: Drafter | None,
+    prompts: list[list[int]],
+    log: Callable[[str], None] = print,
+) -> Engine:
+    """An engine of `model` drafting with `drafter` under the depth policy of
+    `rollout_cfg` (adaptive: the cost profile of this machine for that drafter)."""
+    depth = None
+    if drafter is not None:
+        k = rollout_cfg.nodes if drafter.tree else rollout_cfg.k
         if rollout_cfg.depth == "adaptive":
             cost = cached_profile(model, drafter, prompts, rollout_cfg.profile, log)
-            depth = AdaptiveDepth(cost, k_max=rollout_cfg.k)
+            depth = AdaptiveDepth(cost, k_max=k, tree=drafter.tree)
         else:
-            depth = FixedDepth(rollout_cfg.k, max_batch=rollout_cfg.spec_max_batch)
-    return Engine(model.eval(), EngineConfig(max_batch=rollout_cfg.max_batch), drafter, depth)
+            depth = FixedDepth(k, max_batch=rollout_cfg.spec_max_batch)
+    return Engine(model, EngineConfig(max_batch=rollout_cfg.max_batch), drafter, depth)
+
+
+def build_drafter(rollout_cfg: RolloutConfig, draft: TrainableDraft | None) -> Drafter | None:
+    """The drafter `rollout.drafter` names, on `draft` (the network; None when it has none:
+    then only 'history' drafts)."""
+    name = rollout_cfg.drafter
+    if name == "history":
+        return HistoryDrafter()
+    if draft is None:
+        return None
+    if rollout_cfg.tree:
+        return CombinedDrafter(HistoryDrafter(), draft.drafter())
+    return draft.drafter()
 
 
 class LocalRollout(RolloutBackend):
     """An engine in this process; generation happens inside `submit`."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        rollout_cfg: RolloutConfig | None = None,
+        prompts: list[list[int]] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
         self.engine = engine
+        self._alt: dict[str, Engine] = {}
+        self._alt_args = (rollout_cfg, prompts or [], log)
         self.speculative = engine.drafter is not None
+        self._draft_weights = self.speculative and engine.drafter.network is not None
         self._plain: Engine | None = None
 
     @property
@@ -81,7 +119,35 @@ class LocalRollout(RolloutBackend):
 
     def update_weights(self, version: int, weights: Weights) -> None:
         policy, draft = weights.resolve()
-        self.engine.load_weights(version, policy, draft if self.speculative else None)
+        self.engine.load_weights(version, policy, draft if self._draft_weights else None)
+
+    def generate_with(self, drafter: str, requests: Sequence[Request]) -> Results:
+        """Generate `requests` with another drafter (a `rollout.drafter` value) made of this
+        engine's drafter's parts — its history (held fixed meanwhile: these rollouts do
+        not join it), its draft network — on the same weights (`pipeline.shadow_drafters`)."""
+        eng = self._alt.get(drafter)
+        if eng is None:
+            rollout_cfg, prompts, log = self._alt_args
+            part = _part(self.engine.drafter, drafter)
+            eng = engine_with(rollout_cfg, self.engine.model, part, prompts, log)
+            self._alt[drafter] = eng
+        eng.policy_version = self.engine.policy_version
+        history = _history(self.engine.drafter)
+        learn = history.learn if history is not None else None
+        if history is not None:
+            history.learn = False
+        try:
+            return eng.generate(requests)
+        finally:
+            if history is not None:
+                history.learn = learn
+
+    def drafter_state(self) -> dict | None:
+        d = self.engine.drafter
+        return d.state_dict() if d is not None and hasattr(d, "state_dict") else None
+
+    def load_drafter_state(self, state: dict) -> None:
+        self.engine.drafter.load_state_dict(state)
 
 
 def build(
@@ -94,5 +160,31 @@ def build(
     """One engine in this process, on copies of the weights (the learner's carry autograd
     state; the engine's are prepacked for inference)."""
     model = copy.deepcopy(policy).eval()
-    twin = replica(draft, model) if draft is not None and cfg.rollout.speculative else None
-    return LocalRollout(build_engine(cfg.rollout, model, twin, prompts, log))
+    uses = draft is not None and cfg.rollout.speculative and cfg.rollout.network
+    twin = replica(draft, model) if uses else None
+    engine = build_engine(cfg.rollout, model, twin, prompts, log)
+    return LocalRollout(engine, cfg.rollout, prompts, log)
+
+
+def _history(drafter: Drafter | None) -> HistoryDrafter | None:
+    """The history store a drafter drafts from, if any."""
+    if isinstance(drafter, CombinedDrafter):
+        return drafter.history
+    return drafter if isinstance(drafter, HistoryDrafter) else None
+
+
+def _part(drafter: Drafter | None, name: str) -> Drafter:
+    """The drafter `name` made of `drafter`'s parts (sharing its history and network)."""
+    want = drafter_sources(name)
+    history = _history(drafter)
+    net = drafter.draft if isinstance(drafter, CombinedDrafter) else drafter
+    if want == {"history", "draft"} and isinstance(drafter, CombinedDrafter):
+        return drafter
+    if want == {"history"} and history is not None:
+        return history
+    if want == {"draft"} and getattr(net, "network", None) is not None:
+        return type(net)(net.network)
+    raise ValueError(
+        f"pipeline.shadow_drafters: {name} cannot be made of the run's drafter "
+        f"{getattr(drafter, 'name', None)!r}"
+    )

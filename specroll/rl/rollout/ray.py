@@ -89,7 +89,8 @@ class RayRollout(RolloutBackend):
 
         connect(cfg)
         self.ray_cfg = cfg.ray
-        self.speculative = spec.has_draft
+        # a history drafter drafts with no network (and stamps the policy's version)
+        self.speculative = spec.has_draft or (cfg.rollout.speculative and not cfg.rollout.network)
         self._actor = ray.remote(
             num_cpus=cfg.ray.cpus_per_worker, num_gpus=cfg.ray.gpus_per_worker, max_restarts=0
         )(RolloutWorker)

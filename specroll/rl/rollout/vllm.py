@@ -64,6 +64,42 @@ def require_eagle3(draft: TrainableDraft | None, setting: str) -> None:
         raise ValueError(f"{setting} serves EAGLE-3 drafts, not {draft.kind!r}")
 
 
+def suffix_method(rollout_cfg: RolloutConfig, setting: str) -> bool:
+    """Whether vLLM drafts with its suffix method (rollout.drafter=history): vLLM's own
+    model-free drafter from earlier outputs, a chain per step (no trees, no cross-request
+    siblings). ValueError naming `setting` for the combined drafters (vLLM has none) and
+    for history when the installed vLLM lacks it or its package (arctic-inference)."""
+    d = rollout_cfg.drafter
+    if not rollout_cfg.speculative or d in ("draft", "eagle3", "mtp"):
+        return False
+    if d != "history":
+        raise ValueError(
+            f"{setting} has no rollout.drafter={d}: vLLM drafts with one method per engine "
+            "(eagle3, or its suffix method for history); use rollout.backend=local for the "
+            "combined drafter"
+        )
+    from vllm.config import SpeculativeConfig
+
+    methods = getattr(SpeculativeConfig, "__annotations__", {}).get("method", "")
+    try:
+        from vllm.utils.import_utils import has_arctic_inference
+    except ImportError:
+        has_arctic_inference = None
+    if "suffix" not in str(methods) or has_arctic_inference is None:
+        raise ValueError(
+            f"{setting} with rollout.drafter=history needs vLLM's suffix method, which this "
+            "vLLM does not have; use rollout.backend=local or rollout.drafter=eagle3"
+        )
+    if not has_arctic_inference():
+        raise ValueError(
+            f"{setting} with rollout.drafter=history drafts with vLLM's suffix method, which "
+            "needs the arctic-inference package (pip install arctic-inference; on CPUs it "
+            "builds from source) — not installed here; or use rollout.backend=local (trees "
+            "over siblings and past epochs) or rollout.drafter=eagle3"
+        )
+    return True
+
+
 def request_stats(m: Any, k: int, n_tokens: int) -> SpecStats:
     """A request's SpecStats from vLLM's per-request counters (`RequestSpecDecodeMetrics`:
     histogram[j] = verification steps that accepted j drafts). vLLM drafts k tokens every
@@ -108,8 +144,10 @@ class VllmRollout(RolloutBackend):
         patch: bool = True,
         log: Callable[[str], None] = print,
     ) -> None:
-        if method not in (None, "eagle3", "ngram"):
-            raise ValueError(f"vllm method must be 'eagle3', 'ngram' or None, got {method!r}")
+        if method not in (None, "eagle3", "ngram", "suffix"):
+            raise ValueError(
+                f"vllm method must be 'eagle3', 'ngram', 'suffix' or None, got {method!r}"
+            )
         if (method == "eagle3") != (draft_dir is not None):
             raise ValueError("an EAGLE-3 vLLM rollout needs draft_dir (and only it does)")
         if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
@@ -134,6 +172,7 @@ class VllmRollout(RolloutBackend):
             None: None,
             "eagle3": dict(model=str(draft_dir), draft_sample_method=draft_sample),
             "ngram": dict(prompt_lookup_max=ngram_max, prompt_lookup_min=1),
+            "suffix": dict(suffix_decoding_max_tree_depth=k),
         }[method]
         spec = spec and dict(spec, method=method, num_speculative_tokens=k)
         self.patched = patch_expand(patch) if self.speculative else False
@@ -306,18 +345,22 @@ def from_modules(
     vLLM starts from; later weights arrive by refit. vLLM drafts at the fixed depth
     `rollout.k` at every batch size (no adaptive depth, no spec_max_batch)."""
     require_vllm("rollout.backend=vllm")
-    draft = draft if rollout_cfg.speculative else None
+    suffix = suffix_method(rollout_cfg, "rollout.backend=vllm")
+    draft = draft if rollout_cfg.speculative and not suffix else None
     require_eagle3(draft, "rollout.backend=vllm")
     root = Path(tempfile.mkdtemp(prefix="specroll-vllm-"))
     save_model(policy, root / "policy")
     method, draft_dir = None, None
-    if draft is not None:
+    k = rollout_cfg.depth_max
+    if suffix:
+        method = "suffix"
+    elif draft is not None:
         save_draft(draft, root / "draft")
         method, draft_dir = "eagle3", root / "draft"
     if rollout_cfg.depth == "adaptive":
-        log(f"vllm: rollout.depth=adaptive is not available in vLLM; fixed k={rollout_cfg.k}")
+        log(f"vllm: rollout.depth=adaptive is not available in vLLM; fixed k={k}")
     kw = dict(max_batch=rollout_cfg.max_batch, dtype=rollout_cfg.dtype, log=log)
-    return VllmRollout(root / "policy", draft_dir, method, rollout_cfg.k, **kw)
+    return VllmRollout(root / "policy", draft_dir, method, k, **kw)
 
 
 def build(

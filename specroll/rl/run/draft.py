@@ -34,8 +34,11 @@ def task_prompts(cfg: TrainConfig, tok) -> list[list[int]] | None:
 def build_draft(
     cfg: TrainConfig, policy: Transformer, tok, policy_dir: Path, progress=None
 ) -> TrainableDraft | None:
-    """The draft the run starts from (None when speculation and online training are off)."""
+    """The draft the run starts from (None when speculation and online training are off,
+    or when the rollouts draft from history alone: no network to build, train or ship)."""
     if not cfg.rollout.speculative and not cfg.draft.online:
+        return None
+    if cfg.rollout.speculative and not cfg.rollout.network:
         return None
     init, kind = cfg.draft.init, cfg.draft.kind
     if init == "random":

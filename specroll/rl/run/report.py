@@ -68,6 +68,7 @@ def step_metrics(
         groups_kept=int(keep.sum()),
         groups=rewards.shape[0],
         acceptance_length=round(spec.acceptance_length, 4) if spec.drafts else None,
+        tokens_per_iter=round(spec.tokens_per_forward, 4),
         per_position=[round(x, 4) for x in spec.per_position] if spec.drafts else None,
         depth_hist=list(spec.depth_hist),  # decode iterations by draft depth (0 = plain)
         policy_version=step,
@@ -86,6 +87,23 @@ def step_metrics(
         m["shadow_ar_gen_tokens"] = shadow_tok
         m["gen_speedup"] = round(shadow_s / gen, 4)
         m["gen_rate_speedup"] = round((n_tok / gen) / (shadow_tok / shadow_s), 4)
+    return m
+
+
+def shadow_metrics(others: dict, plain_run: tuple[float, int]) -> dict:
+    """`shadow/<drafter>/...` of the step's shadow drafters ({drafter: (seconds, results)},
+    `window.shadow_drafters`) against the plain shadow run (seconds, tokens): each one's
+    token-rate speed-up, acceptance length and tokens per row-iteration."""
+    shadow_s, shadow_tok = plain_run
+    m = {}
+    for name, (seconds, results) in sorted(others.items()):
+        spec = results.stats
+        n_tok = sum(len(r.token_ids) for r in results)
+        rate = (n_tok / max(seconds, 1e-9)) / (shadow_tok / max(shadow_s, 1e-9))
+        m[f"shadow/{name}/gen_rate_speedup"] = round(rate, 4)
+        m[f"shadow/{name}/acceptance_length"] = round(spec.acceptance_length, 4)
+        m[f"shadow/{name}/tokens_per_iter"] = round(spec.tokens_per_forward, 4)
+        m[f"shadow/{name}/gen_s"] = round(seconds, 3)
     return m
 
 
@@ -300,7 +318,8 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
         f"Policy `{cfg.policy.model}`, task `{cfg.data.train_file or cfg.data.task}` "
         f"(rewards: {', '.join(cfg.reward.functions)}), {summary['steps']} steps of "
         f"{cfg.data.prompts_per_step} prompts x {cfg.data.group_size} samples, "
-        f"speculative={cfg.rollout.speculative} (k = {cfg.rollout.k}, depth "
+        f"speculative={cfg.rollout.speculative} (drafter {cfg.rollout.drafter}, "
+        f"{'nodes' if cfg.rollout.tree else 'k'} = {cfg.rollout.depth_max}, depth "
         f"{cfg.rollout.depth}); "
         + (
             f"rollouts on {cfg.ray.workers} Ray workers"

@@ -39,9 +39,9 @@ from specroll.rl.rollout import build_rollout
 from specroll.rl.run import checkpoint, export, rundir, samples
 from specroll.rl.run.loggers import Loggers, check_installed, open_loggers
 from specroll.rl.run.refill import StepGroups, refill, score
-from specroll.rl.run.report import step_metrics, write_report
+from specroll.rl.run.report import shadow_metrics, step_metrics, write_report
 from specroll.rl.run.task import VALIDATION_SEED, Task, step_seed
-from specroll.rl.run.window import RolloutWindow, shadow
+from specroll.rl.run.window import RolloutWindow, shadow, shadow_drafters
 from specroll.tasks.rewards import RewardError
 from specroll.tasks.sets import encode, math_problems
 
@@ -124,6 +124,9 @@ class Trainer:
         t["gen"] = time.perf_counter() - t0  # async: only the exposed part (learner waits)
         if with_shadow and not shadow_first:
             plain_run = shadow(self.rollout, reqs)
+        others = {}
+        if with_shadow and cfg.pipeline.shadow_drafters:
+            others = shadow_drafters(self.rollout, reqs, cfg.pipeline.shadow_drafters, s)
         self._check_stop()
 
         t0 = time.perf_counter()
@@ -181,6 +184,8 @@ class Trainer:
             refill=groups if cfg.loss.max_refill_rounds else None,
         )
         m.update(scores.metrics())  # reward/<function>: each function's mean
+        if others and plain_run is not None:
+            m.update(shadow_metrics(others, plain_run))
         return m
 
     @torch.no_grad()
@@ -210,6 +215,9 @@ class Trainer:
         }
         if self.draft_config is not None:
             out["draft_config"] = self.draft_config
+        drafter = self.rollout.drafter_state()
+        if drafter is not None:
+            out["drafter"] = drafter
         return out
 
     def restore(self, state: dict) -> None:
@@ -221,6 +229,8 @@ class Trainer:
         self.step = state["step"]
         self.old_logprobs.load_state_dict(state)
         self.rollout.update_weights(self.step, self.host.weights())
+        if "drafter" in state:
+            self.rollout.load_drafter_state(state["drafter"])
 
     def save_checkpoint(self) -> Path:
         return checkpoint.save(

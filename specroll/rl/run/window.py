@@ -1,6 +1,6 @@
 """What the step loop asks of the rollout side: a step's rollouts through the window of
 steps in flight (asynchronous RL), and shadow rollouts (the same requests decoded without
-speculation, timed and discarded)."""
+speculation, or with other drafters, timed and discarded)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,21 @@ def shadow(rollout: RolloutBackend, requests: list[Request]) -> tuple[float, int
     t0 = time.perf_counter()
     results = rollout.generate(requests, plain=True)
     return time.perf_counter() - t0, sum(len(r.token_ids) for r in results)
+
+
+def shadow_drafters(
+    rollout: RolloutBackend, requests: list[Request], names: tuple[str, ...], step: int
+) -> dict[str, tuple[float, Results]]:
+    """{drafter: (seconds, results)} of generating `requests` with each of `names` on the
+    run's weights (`LocalRollout.generate_with`), in an order that rotates with `step`
+    (no drafter always runs first)."""
+    out = {}
+    order = list(names)
+    if order:
+        r = step % len(order)
+        order = order[r:] + order[:r]
+    for name in order:
+        t0 = time.perf_counter()
+        results = rollout.generate_with(name, requests)
+        out[name] = (time.perf_counter() - t0, results)
+    return out

@@ -1,0 +1,144 @@
+"""The history drafter in the RL loop: `rollout.drafter`, its store saved with
+checkpoints and restored, so that an interrupted and resumed run drafts — and so
+samples — exactly as the uninterrupted one; the store alone round-trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specroll.drafters.history import HistoryConfig, HistoryDrafter
+from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+from specroll.engine.depth import FixedDepth
+from specroll.rl.config import build_config
+from tests.conftest import PROMPT, make_trainer, spec_model
+from tests.test_rl import _comparable
+
+HISTORY = ("rollout.drafter=history", "rollout.nodes=8", "data.pool=4")
+"""The tiny preset drafting from history, its 4 prompts recurring every step."""
+
+
+def _spec_fields(metrics: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if "accept" in k or "draft" in k} for m in metrics]
+
+
+@pytest.mark.parametrize("drafter", ["history", "history+eagle3"])
+def test_a_resumed_run_drafts_from_the_history_the_interrupted_one_saved(
+    tiny_setup, tmp_path, drafter
+):
+    from specroll.model import load_model
+    from specroll.model.hub import resolve
+
+    overrides = (*HISTORY, f"rollout.drafter={drafter}")
+    full = make_trainer(tiny_setup, tmp_path / "a" / "run", *overrides).run()
+    assert any(m["acceptance_length"] > 1 for m in full[1:]), full[1]
+
+    def fresh(out: str):
+        return make_trainer((load_model(resolve("tiny")), tiny_setup[1]), out, *overrides)
+
+    t = fresh(tmp_path / "b" / "run")
+
+    def stop_after_two(m):
+        if m["step"] == 2:
+            t.request_stop()
+
+    with pytest.raises(KeyboardInterrupt):
+        t.run(on_step=stop_after_two)
+    fresh(tmp_path / "b" / "run").run(resume=True)
+    lines = (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
+    resumed = [json.loads(x) for x in lines]
+    assert [_comparable(m) for m in resumed] == [_comparable(m) for m in full]
+
+
+def test_a_resume_without_the_history_drafts_differently(tiny_setup, tmp_path, monkeypatch):
+    """The control: the same resume with the store not restored samples the same tokens
+    (speculation is lossless) but drafts differently — the restored store is what made
+    the resumed run's drafting statistics equal."""
+    from specroll.model import load_model
+    from specroll.model.hub import resolve
+    from specroll.rl.rollout.local import LocalRollout
+
+    full = make_trainer(tiny_setup, tmp_path / "a" / "run", *HISTORY).run()
+    t = make_trainer((load_model(resolve("tiny")), tiny_setup[1]), tmp_path / "b" / "run", *HISTORY)
+
+    def stop_after_two(m):
+        if m["step"] == 2:
+            t.request_stop()
+
+    with pytest.raises(KeyboardInterrupt):
+        t.run(on_step=stop_after_two)
+    monkeypatch.setattr(LocalRollout, "load_drafter_state", lambda self, state: None)
+    r = make_trainer((load_model(resolve("tiny")), tiny_setup[1]), tmp_path / "b" / "run", *HISTORY)
+    r.run(resume=True)
+    lines = (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
+    resumed = [json.loads(x) for x in lines]
+    assert [m.get("response_lengths") for m in resumed] == [m.get("response_lengths") for m in full]
+    assert _spec_fields(resumed[2:]) != _spec_fields(full[2:])
+
+
+def test_the_history_store_round_trips(tmp_path):
+    """Save after two calls (siblings, finished rollouts, the cross-prompt window), load
+    into a fresh drafter: the next call proposes, accepts and samples identically."""
+    target = spec_model(0)
+    prompts = [PROMPT, PROMPT[:3], PROMPT[1:]]
+
+    def requests(seed0: int) -> list[Request]:
+        params = [
+            SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(), seed=seed0 + i)
+            for i in range(24)
+        ]
+        return [Request(prompts[i % 3], p) for i, p in enumerate(params)]
+
+    cfg = HistoryConfig(past=4, window=8, prompts=2)  # every bound is reached
+    a = HistoryDrafter(cfg)
+    eng = Engine(target, EngineConfig(max_batch=8), a, FixedDepth(8))
+    for seed0 in (100, 200):
+        eng.generate(requests(seed0))
+    reqs = requests(0)
+    b = HistoryDrafter(cfg)
+    b.load_state_dict(a.state_dict())
+    assert b.state_dict().keys() == a.state_dict().keys()
+    out = []
+    for drafter in (a, b):
+        e = Engine(target, EngineConfig(max_batch=8), drafter, FixedDepth(8))
+        res = e.generate(reqs)
+        out.append(([r.token_ids for r in res], e.stats.accepted_tokens, e.stats.draft_nodes))
+    assert out[0] == out[1]
+    assert out[0][1] > 0
+
+
+def test_rollout_drafter_settings_are_checked():
+    with pytest.raises(ValueError, match=r"rollout.drafter must be one of"):
+        build_config("tiny", ["rollout.drafter=suffix"])
+    with pytest.raises(ValueError, match=r"history\+mtp uses a mtp network but draft.kind=eagle3"):
+        build_config("tiny", ["rollout.drafter=history+mtp"])
+    assert build_config("tiny", ["draft.kind=mtp", "rollout.drafter=history+draft"])
+    with pytest.raises(ValueError, match=r"shadow_drafters: history drafts from sources"):
+        build_config("tiny", ["pipeline.shadow_every=1", "pipeline.shadow_drafters=[history]"])
+    with pytest.raises(ValueError, match=r"shadow_drafters needs pipeline.shadow_every > 0"):
+        build_config("tiny", ["rollout.drafter=history+draft", "pipeline.shadow_drafters=[draft]"])
+    with pytest.raises(ValueError, match=r"rollout.nodes must be >= 1"):
+        build_config("tiny", ["rollout.nodes=0"])
+    cfg = build_config("tiny", ["rollout.drafter=history", "rollout.nodes=16"])
+    assert cfg.rollout.tree and not cfg.rollout.network and cfg.rollout.depth_max == 16
+
+
+def test_one_run_measures_every_drafter_on_the_same_requests(tiny_setup, tmp_path):
+    """pipeline.shadow_drafters: at shadow steps the step's requests are also generated by
+    the run's drafter's parts alone (same weights, seeds, history): per-drafter figures
+    in one run; the rollouts trained on are the run's own."""
+    overrides = (
+        *HISTORY,
+        "rollout.drafter=history+draft",
+        "pipeline.shadow_every=1",
+        "pipeline.shadow_drafters=[draft, history]",
+        "pipeline.steps=2",
+    )
+    ms = make_trainer(tiny_setup, tmp_path / "run", *overrides).run()
+    for m in ms[1:]:
+        assert m["gen_rate_speedup"] > 0
+        for name in ("draft", "history"):
+            assert m[f"shadow/{name}/gen_rate_speedup"] > 0
+            assert m[f"shadow/{name}/acceptance_length"] >= 1
+            assert m[f"shadow/{name}/tokens_per_iter"] >= 1
