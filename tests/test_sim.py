@@ -203,3 +203,107 @@ def test_sim_imports_only_numpy_stdlib_and_itself():
                 if not ok and (top not in sys.stdlib_module_names or top == "argparse"):
                     bad.append(f"{path.name}:{node.lineno} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def _tree_case():
+    """A small memory-bound machine and workload for the measured-acceptance tests."""
+    from specroll.sim.costmodel import CostModel
+    from specroll.sim.rollout import Workload
+
+    cm = CostModel(fixed=0.01, per_token=1e-4, knee=64, kv=1e-8, draft_step=5e-4)
+    w = Workload(prompts=4, samples=8, mean_len=200, sigma=1.0, max_len=1000)
+    return cm, w.draw(), w.prompt_len
+
+
+def test_tau_table_matches_the_chain_it_tabulates_and_orders_costs():
+    """A table equal to a chain's tau(k), costed as the chain (no tree_cost, or a tree
+    cost of 1.0 with one draft forward per node), simulates the chain's time; more
+    acceptance is faster; tree overhead and host drafting are slower."""
+    from specroll.sim.rollout import Speculation, TreeCost, simulate_rollout
+
+    cm, lengths, prompt = _tree_case()
+
+    def gen(spec):
+        return simulate_rollout(cm, lengths, 1, 16, prompt, spec)["gen_s"]
+
+    chain = Speculation.from_acceptance_length(2.5, 3)
+    table = {k: chain.tau(k) for k in range(4)}
+    for adaptive in (False, True):
+        want = gen(Speculation(3, chain.alphas, adaptive))
+        for cost in (None, TreeCost(model_depth=3)):
+            got = gen(Speculation(k=3, taus=table, tree_cost=cost, adaptive=adaptive))
+            assert got == pytest.approx(want, rel=0.01)
+    tree = {0: 1.0, 1: 1.3, 2: 1.45, 4: 1.6, 8: 1.8, 16: 1.95}
+    base = gen(Speculation.measured(tree, TreeCost()))
+    better = gen(Speculation.measured({n: 1 + 1.5 * (t - 1) for n, t in tree.items()}, TreeCost()))
+    assert better < base < gen(Speculation())
+    assert gen(Speculation.measured(tree, TreeCost(tree_overhead=1.4))) > base
+    assert gen(Speculation.measured(tree, TreeCost(host_draft_s=2e-4))) > base
+
+
+def test_tau_table_interpolates_and_adaptive_size_falls_back_to_plain():
+    import math
+
+    from specroll.sim.rollout import Speculation, TreeCost, simulate_rollout
+
+    s = Speculation.measured({1: 1.3, 3: 1.5, 64: 2.1})
+    assert s.taus[0] == 1.0 and s.tau(3) == 1.5 and s.tau(1000) == 2.1  # no extrapolation
+    w = (math.log2(8) - math.log2(4)) / (math.log2(65) - math.log2(4))
+    assert s.tau(7) == pytest.approx(1.5 + w * 0.6)
+    assert s.depths(16) == [0, 1, 3, 64]
+    cm, lengths, prompt = _tree_case()
+    flat = Speculation.measured({n: 1.0 for n in (1, 4, 16)}, TreeCost())
+    out = simulate_rollout(cm, lengths, 1, 16, prompt, flat)
+    assert sum(out["depth_hist"][1:]) == 0  # every iteration plain
+    plain = simulate_rollout(cm, lengths, 1, 16, prompt, Speculation())
+    assert out["gen_s"] == pytest.approx(plain["gen_s"])
+
+
+@pytest.mark.parametrize(
+    "taus,match",
+    [
+        ({4: 1.6, 2: 1.4}, "speculation.taus sizes must increase"),
+        ({2: 1.6, 4: 1.5}, "speculation.taus must not decrease"),
+        ({1: 0.9}, r"speculation.taus values must be in \[1, n \+ 1\]"),
+        ({1: 2.5}, "speculation.taus values"),
+        ({}, "speculation.taus must hold"),
+        ({0: 1.2, 1: 1.3}, r"speculation.taus\[0\]"),
+        ({-1: 1.0}, "speculation.taus sizes"),
+    ],
+)
+def test_bad_tau_tables_name_the_field(taus, match):
+    from specroll.sim.rollout import Speculation
+
+    with pytest.raises(ValueError, match=match):
+        Speculation.measured(taus)
+
+
+def test_bad_tree_costs_name_the_field():
+    from specroll.sim.rollout import Speculation, TreeCost
+
+    with pytest.raises(ValueError, match="tree_cost.tree_overhead"):
+        TreeCost(tree_overhead=0.0)
+    with pytest.raises(ValueError, match="tree_cost.host_draft_s"):
+        TreeCost(host_draft_s=-1.0)
+    with pytest.raises(ValueError, match="speculation.tree_cost needs speculation.taus"):
+        Speculation(k=3, alphas=[0.8] * 3, tree_cost=TreeCost())
+
+
+def test_project_onto_the_paper_8b_setting():
+    """Chains and trees by name: acceptance 1 everywhere buys nothing; EAGLE-3 at the
+    paper's acceptance lengths pays; host drafting time and tree overhead cost."""
+    from specroll.sim.measured import project
+
+    hist = {1: 1.5, 2: 1.8, 4: 2.2, 8: 2.6, 16: 2.9}
+    acc = {
+        "eagle3": {3: 3.32, 5: 4.35, 7: 5.06},
+        "history": hist,
+        "flat": {1: 1.0, 8: 1.0},
+    }
+    out = project(acc, tree_overhead=1.0, draft_ms={})
+    assert out["flat"]["gen_speedup"] == pytest.approx(1.0)
+    assert out["eagle3"]["gen_speedup"] > out["eagle3"]["step_speedup"] > 1.2
+    assert 1.0 < out["history"]["gen_speedup"]
+    assert set(out["history"]["sizes"]) <= {0, *hist}
+    slow = project({"history": hist}, tree_overhead=1.5, draft_ms={"history": 0.5})
+    assert slow["history"]["gen_speedup"] < out["history"]["gen_speedup"]

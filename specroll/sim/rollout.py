@@ -8,10 +8,16 @@ depth policy picks k for the live batch; a row then advances by the expected emi
 tokens tau(k) = 1 + sum_i prod_{j<=i} alpha_j (mean-field: rows advance by the
 expectation, not a sampled count). Time per iteration comes from any step model with
 the `iteration(B, k, ctx)` interface (analytic or measured).
+
+A tree drafter (the history drafter, or one merged with EAGLE-3) has no per-position
+alphas: its acceptance is measured as tokens per iteration at a few node budgets n and
+given as a table (`Speculation.taus`); what its iterations cost beyond a chain's is a
+`TreeCost` (verify overhead of tree attention, host-side drafting, a drafter network).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,25 +103,136 @@ def _solve(f: Callable[[float], float], target: float) -> float:
 
 
 @dataclass
+class TreeCost:
+    """What an iteration verifying n tree nodes per row costs (n = 0: plain decoding):
+    `tree_overhead` x the target forward of a chain of n + 1 tokens per row, plus the
+    tree path's fixed time per iteration, plus the host's drafting time per row, plus
+    the step model's drafter time for a chain of min(n, model_depth) tokens, plus the
+    step model's verification overhead."""
+
+    tree_overhead: float = 1.0
+    """Verify forward of n tree nodes over a chain forward of n + 1 tokens per row: the
+    tree mask and the walk (measured 1.1-1.6 on an H200 in bf16 at SmolLM2-135M shapes,
+    `benchmarks/tree_verify_cost.py`); 1.0 = costs what a chain does."""
+    fixed_s: float = 0.0
+    """Seconds per iteration the tree path adds whatever its size (specroll's engine on an
+    H200 at Qwen3-8B shapes: ~20 ms over a chain of the same width at batch >= 8, its
+    per-depth host syncs; `benchmarks/tree_verify_cost.py --chains`); 0 = an
+    implementation without them."""
+    host_draft_s: float = 0.0
+    """Host-side drafting seconds per row per iteration (model-free drafters: the history
+    drafter is Python over lists, ~0.2-0.7 ms on a CPU); the device waits for it."""
+    model_depth: int = 0
+    """Drafter-network forwards per iteration (EAGLE-3 beside the tree): the step model's
+    draft time for min(n, model_depth) tokens; 0 = no network."""
+
+    def __post_init__(self) -> None:
+        if not self.tree_overhead > 0:
+            raise ValueError(f"tree_cost.tree_overhead must be > 0, got {self.tree_overhead}")
+        if self.fixed_s < 0:
+            raise ValueError(f"tree_cost.fixed_s must be >= 0, got {self.fixed_s}")
+        if self.host_draft_s < 0:
+            raise ValueError(f"tree_cost.host_draft_s must be >= 0, got {self.host_draft_s}")
+        if self.model_depth < 0:
+            raise ValueError(f"tree_cost.model_depth must be >= 0, got {self.model_depth}")
+
+
+@dataclass
 class Speculation:
     """How the simulated engine drafts."""
 
     k: int = 0
-    """Draft depth (fixed), or the deepest one considered (adaptive); 0 = plain decoding."""
+    """Draft depth (fixed), or the deepest one considered (adaptive); 0 = plain decoding.
+    With `taus`: the node budget (fixed), or the largest one considered (adaptive)."""
     alphas: list[float] = field(default_factory=list)
     """Conditional per-position acceptance alpha_1..alpha_k (see tau)."""
     adaptive: bool = False
-    """Pick k in 0..k per iteration to maximise tokens/s (else always k)."""
+    """Pick k in 0..k per iteration to maximise tokens/s (else always k); with `taus`,
+    only among the measured node budgets (the grid the engine's policy chooses from)."""
     max_batch: int = 1 << 30
     """Fixed depth only: speculate while at most this many rows are active (else k = 0)."""
+    taus: dict[int, float] | None = None
+    """Measured expected tokens per iteration at node budgets n, increasing in n (e.g.
+    {0: 1.0, 1: 1.3, 4: 1.6, 16: 1.95, 64: 2.1}); used instead of `alphas`, since a tree
+    drafter has no per-position acceptance. tau(0) = 1 is added if absent."""
+    tree_cost: TreeCost | None = None
+    """What n tree nodes cost to draft and verify; None = a chain of n draft tokens
+    (the step model's `iteration`). Needs `taus`."""
+
+    def __post_init__(self) -> None:
+        if self.taus is not None:
+            self._check_taus()
+        if self.k < 0:
+            raise ValueError(f"speculation.k must be >= 0, got {self.k}")
+        if self.tree_cost is not None and self.taus is None:
+            raise ValueError("speculation.tree_cost needs speculation.taus (measured tau(n))")
+
+    def _check_taus(self) -> None:
+        """Validate and normalise the table (tau(0) = 1 added)."""
+        if self.alphas:
+            raise ValueError("give speculation.alphas or speculation.taus, not both")
+        sizes = list(self.taus)
+        if not sizes:
+            raise ValueError("speculation.taus must hold at least one measured size")
+        if any(not isinstance(n, int) or n < 0 for n in sizes):
+            raise ValueError(f"speculation.taus sizes must be integers >= 0, got {sizes}")
+        if sizes != sorted(set(sizes)):
+            raise ValueError(f"speculation.taus sizes must increase, got {sizes}")
+        if self.taus.get(0, 1.0) != 1.0:
+            raise ValueError(f"speculation.taus[0] must be 1.0 (plain), got {self.taus[0]}")
+        taus = {0: 1.0, **{n: float(t) for n, t in self.taus.items()}}
+        for a, b in zip(sizes, sizes[1:], strict=False):
+            if taus[b] < taus[a]:
+                raise ValueError(
+                    f"speculation.taus must not decrease with the node budget, got "
+                    f"tau({a}) = {taus[a]} > tau({b}) = {taus[b]}"
+                )
+        bad = {n: t for n, t in taus.items() if not 1.0 <= t <= n + 1}
+        if bad:
+            raise ValueError(
+                f"speculation.taus values must be in [1, n + 1] (tokens per iteration of n "
+                f"nodes), got {bad}"
+            )
+        self.taus = taus
+
+    @staticmethod
+    def measured(
+        taus: dict[int, float], tree_cost: TreeCost | None = None, adaptive: bool = True
+    ) -> Speculation:
+        """A drafter known by its measured tau(n) (largest budget = the measured one)."""
+        k = max(taus, default=0)
+        return Speculation(k=k, adaptive=adaptive, taus=taus, tree_cost=tree_cost)
 
     def depths(self, B: int) -> range | list[int]:
         """The depths an iteration over B active rows may choose from."""
         if self.adaptive:
+            if self.taus is not None:
+                return [n for n in self.taus if n <= self.k]
             return range(self.k + 1)
         return [self.k if self.max_batch >= B else 0]
 
+    def time(self, step, B: float, n: int, ctx: float) -> float:
+        """Seconds of one iteration over B rows with n draft tokens (chain) or n tree
+        nodes (`tree_cost`) per row."""
+        c = self.tree_cost
+        if c is None or n == 0:
+            return step.iteration(B, n, ctx)
+        verify = c.tree_overhead * step.target(B, n + 1, ctx) + step.overhead(B, n)
+        draft = step.draft(B, min(n, c.model_depth)) + c.host_draft_s * B
+        return verify + c.fixed_s + draft
+
     def tau(self, k: int) -> float:
+        """Expected tokens one iteration at depth (or node budget) k emits per row. From a
+        table: piecewise linear in log2(n + 1) between measured budgets, and never more
+        than the largest one measured (a bigger tree is not assumed to help)."""
+        if self.taus is not None:
+            sizes = list(self.taus)
+            if k >= sizes[-1]:
+                return self.taus[sizes[-1]]
+            i = bisect.bisect_right(sizes, k)
+            lo, hi = sizes[i - 1], sizes[i]
+            w = (math.log2(k + 1) - math.log2(lo + 1)) / (math.log2(hi + 1) - math.log2(lo + 1))
+            return self.taus[lo] + w * (self.taus[hi] - self.taus[lo])
         out, run = 1.0, 1.0
         for a in self.alphas[:k]:
             run *= a
@@ -191,11 +308,11 @@ def simulate_replica(
             # iterations at once, timed at their middle context (exact for step models
             # linear in the context, e.g. the fitted CostModel)
             ctx = prompt_len + float(done[active].mean())
-            k = max(spec.depths(B), key=lambda kk: tau[kk] / step.iteration(B, kk, ctx))
+            k = max(spec.depths(B), key=lambda kk: tau[kk] / spec.time(step, B, kk, ctx))
             m = max(1, min(max_run, math.ceil(float(remaining[active].min()) / tau[k])))
             remaining[active] -= tau[k] * m
             done[active] += tau[k] * m
-            t += m * step.iteration(B, k, ctx + tau[k] * (m - 1) / 2)
+            t += m * spec.time(step, B, k, ctx + tau[k] * (m - 1) / 2)
             iters += m
             depth[k] += m
             trace.append((t, B, k))
