@@ -182,3 +182,24 @@ def test_adaptive_tree_size_estimates_tokens_from_node_hits():
     for _ in range(400):
         useless.observe_counts(10, [0] * 64)
     assert useless.best(1) == 0
+
+
+def test_a_big_trees_node_hits_predict_a_smaller_budgets_tokens(target):
+    """The same requests (history held fixed) at a budget of 16 and of 4: what the big
+    trees' node hits say 4 nodes would emit per row-iteration is what 4 nodes do."""
+    t, k, p = 1.0, 0, 1.0
+    history = HistoryDrafter(HistoryConfig(sources=("prompt", "past")))
+    for out in _outputs(target, 16, t, seed0=5, tokens=24):
+        history.remember(PROMPT, out)
+    history.learn = False
+    reqs = [
+        Request(PROMPT, SamplingParams(t, max_new_tokens=24, stop_token_ids=(), seed=100 + i))
+        for i in range(400)
+    ]
+    big = Engine(target, EngineConfig(max_batch=400), history, FixedDepth(16))
+    big.generate(reqs)
+    small = Engine(target, EngineConfig(max_batch=400), history, FixedDepth(4))
+    small.generate(reqs)
+    predicted, measured = big.stats.tau_at(4), small.stats.tokens_per_forward
+    assert big.stats.tau_at(16) > predicted > 1.2
+    assert predicted == pytest.approx(measured, rel=0.03), (predicted, measured)

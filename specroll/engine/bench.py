@@ -260,6 +260,12 @@ def compare_spec(
             "target_ms_per_iter": round(
                 statistics.median(1e3 * s.target_s / max(s.target_forwards, 1) for s in ss), 3
             ),
+            # what every smaller budget would have emitted (exact for trees: SpecStats.tau_at)
+            "tau_at": {
+                m: round(statistics.median(s.tau_at(m) for s in ss), 3)
+                for m in sorted({1, 2, 4, 8, 16, 32, 64, k})
+                if m <= k
+            },
         }
         log(f"{row}")
         rows.append(row)

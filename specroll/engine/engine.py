@@ -430,6 +430,8 @@ class Engine:
             self.stats.draft_nodes += sum(h_nodes)
             if acc_drafted:
                 self.depth.observe_counts(n, acc_drafted)
+            if hits is not None:
+                self.stats.observe_tree(n, acc_drafted)
             # first draft positions only: deep positions of a healthy draft are rarely
             # reached, a stale or corrupt one fails at once (history's misses are no fault)
             if self.drafter is not None and self.drafter.watch_collapse:

@@ -54,6 +54,10 @@ class SpecStats:
     draft_nodes: int = 0
     """Candidate tokens scored by those forwards (a chain's equal its draft tokens; a
     tree's count every node, where draft_tokens counts its depth)."""
+    node_hits: list[int] = field(default_factory=list)
+    """Trees: [i] row-iterations whose accepted path went through node i + 1."""
+    node_rows: list[int] = field(default_factory=list)
+    """Trees: [i] row-iterations verified with a budget of more than i nodes."""
     draft_s: float = 0.0
     """Wall time in the drafter (propose + commit)."""
     target_s: float = 0.0
@@ -124,6 +128,25 @@ class SpecStats:
     def other_s(self) -> float:
         return max(self.total_s - self.draft_s - self.target_s, 0.0)
 
+    def observe_tree(self, rows: int, hits: list[int]) -> None:
+        """A verified tree iteration: rows, and per node the rows whose path took it."""
+        for mine in (self.node_hits, self.node_rows):
+            mine.extend([0] * (len(hits) - len(mine)))
+        for i, h in enumerate(hits):
+            self.node_hits[i] += h
+            self.node_rows[i] += rows
+
+    def tau_at(self, m: int) -> float:
+        """Tokens per row-iteration a budget of m would have emitted: trees, from the
+        nodes' hits (a tree drafter proposes best first, parents first, so a budget of m
+        keeps nodes 1..m and the walk with the same draw stops at the first node past
+        them: exact for every m up to the budget verified); chains, 1 + the sum of the
+        first m per-position acceptances (the first m tests are the same)."""
+        if self.node_rows:
+            pairs = zip(self.node_hits[:m], self.node_rows[:m], strict=True)
+            return 1.0 + sum(h / r for h, r in pairs if r)
+        return 1.0 + sum(self.per_position[:m])
+
     @staticmethod
     def merged(parts: list[SpecStats]) -> SpecStats:
         """Counters of several engines that ran side by side (e.g. Ray rollout workers):
@@ -137,6 +160,8 @@ class SpecStats:
                 (out.accepted_per_pos, p.accepted_per_pos),
                 (out.drafted_per_pos, p.drafted_per_pos),
                 (out.depth_hist, p.depth_hist),
+                (out.node_hits, p.node_hits),
+                (out.node_rows, p.node_rows),
             ):
                 mine.extend([0] * (len(theirs) - len(mine)))
                 for i, v in enumerate(theirs):
