@@ -69,6 +69,7 @@ def step_metrics(
         groups=rewards.shape[0],
         acceptance_length=round(spec.acceptance_length, 4) if spec.drafts else None,
         tokens_per_iter=round(spec.tokens_per_forward, 4),
+        tau_at=tau_table(spec),
         per_position=[round(x, 4) for x in spec.per_position] if spec.drafts else None,
         depth_hist=list(spec.depth_hist),  # decode iterations by draft depth (0 = plain)
         policy_version=step,
@@ -104,7 +105,18 @@ def shadow_metrics(others: dict, plain_run: tuple[float, int]) -> dict:
         m[f"shadow/{name}/acceptance_length"] = round(spec.acceptance_length, 4)
         m[f"shadow/{name}/tokens_per_iter"] = round(spec.tokens_per_forward, 4)
         m[f"shadow/{name}/gen_s"] = round(seconds, 3)
+        m[f"shadow/{name}/tau_at"] = tau_table(spec)
     return m
+
+
+def tau_table(spec) -> dict[str, float] | None:
+    """Tokens per row-iteration each draft size 1, 2, 4, ... would have emitted
+    (`SpecStats.tau_at`), up to the largest verified; None without drafts."""
+    k = len(spec.node_rows) or len(spec.per_position)
+    if not k or not spec.drafts:
+        return None
+    sizes = sorted({1 << i for i in range(k.bit_length())} | {k})
+    return {str(m): round(spec.tau_at(m), 4) for m in sizes if m <= k}
 
 
 def deepest(depth_hist: list[int] | None) -> int:
