@@ -187,7 +187,7 @@ def test_adaptive_tree_size_estimates_tokens_from_node_hits():
 def test_a_big_trees_node_hits_predict_a_smaller_budgets_tokens(target):
     """The same requests (history held fixed) at a budget of 16 and of 4: what the big
     trees' node hits say 4 nodes would emit per row-iteration is what 4 nodes do."""
-    t, k, p = 1.0, 0, 1.0
+    t = 1.0
     history = HistoryDrafter(HistoryConfig(sources=("prompt", "past")))
     for out in _outputs(target, 16, t, seed0=5, tokens=24):
         history.remember(PROMPT, out)

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from specroll.drafters.base import Drafter, Proposal
-from specroll.drafters.history import HistoryConfig, HistoryDrafter, SuffixIndex, tree_from
+from specroll.drafters.history import HistoryConfig, HistoryDrafter, tree_from
+from specroll.drafters.suffix_index import SuffixIndex
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.spec import tree

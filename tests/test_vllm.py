@@ -227,7 +227,8 @@ def test_refit_on_ray_workers_equals_fresh_workers(tmp_path):
     vLLM engine on the first weights it is sent and refits in place on the next ones; the
     refit workers then generate what workers started on the new weights generate."""
     ray = pytest.importorskip("ray")
-    from specroll.rl.config import RayConfig, RolloutConfig, TrainConfig
+    from specroll.rl.config import RayConfig, TrainConfig
+    from specroll.rl.config_rollout import RolloutConfig
     from specroll.rl.rollout.ray import RayRollout
 
     old_t, new_t = _target(0), _target(1)

@@ -32,7 +32,8 @@ from specroll.model.transformer import Transformer
 from specroll.rl.algo import loss
 from specroll.rl.algo.batch import Batch, MicroBatch, plan_micro_batches, predicting_positions
 from specroll.rl.algo.logprobs import head_logprobs
-from specroll.rl.config import DraftConfig, LossConfig, PolicyConfig, RolloutConfig
+from specroll.rl.config import DraftConfig, LossConfig, PolicyConfig
+from specroll.rl.config_rollout import RolloutConfig
 from specroll.rl.errors import NonFiniteError
 from specroll.rl.learner.memory import keep_freed_memory
 

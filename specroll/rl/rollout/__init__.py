@@ -8,7 +8,7 @@
 that builds whatever decodes (engine replicas, their draft copies, their cost profiles)
 where it decodes, from the learner's initial policy and draft; `prompts` are what a
 backend measures a hardware profile on. Adding a backend is one module and one entry in
-`BACKENDS` (and its name in `rl.config.ROLLOUT_BACKENDS`, which validates the setting
+`BACKENDS` (and its name in `rl.config_rollout.ROLLOUT_BACKENDS`, which validates the setting
 without importing any backend). Modules are imported when built: `vllm` and `ray` are
 optional extras.
 """
@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 from specroll.drafters.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
-from specroll.rl.config import ROLLOUT_BACKENDS, TrainConfig
+from specroll.rl.config import TrainConfig
+from specroll.rl.config_rollout import ROLLOUT_BACKENDS
 from specroll.rl.rollout.base import Done, Pending, RolloutBackend
 
 __all__ = ["BACKENDS", "Done", "Pending", "RolloutBackend", "build_rollout"]
@@ -31,7 +32,7 @@ BACKENDS: dict[str, str] = {
     "vllm": "specroll.rl.rollout.vllm",
 }
 """`rollout.backend` -> the module whose `build` makes it."""
-assert tuple(BACKENDS) == ROLLOUT_BACKENDS, "rl.config.ROLLOUT_BACKENDS is out of date"
+assert tuple(BACKENDS) == ROLLOUT_BACKENDS, "rl.config_rollout.ROLLOUT_BACKENDS is out of date"
 
 
 def build_rollout(

@@ -18,7 +18,8 @@ from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.profile import cached_profile
 from specroll.engine.request import Request, Results
 from specroll.model.transformer import Transformer
-from specroll.rl.config import RolloutConfig, TrainConfig, drafter_sources
+from specroll.rl.config import TrainConfig
+from specroll.rl.config_rollout import RolloutConfig, drafter_sources
 from specroll.rl.replica import Weights, replica
 from specroll.rl.rollout.base import Done, Pending, RolloutBackend
 

@@ -34,7 +34,8 @@ from specroll.engine.request import Request, Result, Results, check_prompts, req
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 from specroll.model.weights import read_config, save_model
-from specroll.rl.config import RolloutConfig, TrainConfig
+from specroll.rl.config import TrainConfig
+from specroll.rl.config_rollout import RolloutConfig
 from specroll.rl.replica import Weights
 from specroll.rl.rollout.base import Done, Pending, RolloutBackend
 from specroll.rl.rollout.vllm_patch import patch_expand
