@@ -60,6 +60,7 @@ class RandomTree(Drafter):
     tokens as a chain (the chain verifier), for comparison."""
 
     name = "random-tree"
+    watch_collapse = False  # random candidates: misses are the point
 
     def __init__(self, vocab: int, seed: int = 0, chain: bool = False) -> None:
         self.vocab, self.g = vocab, torch.Generator().manual_seed(seed)
