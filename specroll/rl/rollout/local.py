@@ -122,16 +122,22 @@ class LocalRollout(RolloutBackend):
         policy, draft = weights.resolve()
         self.engine.load_weights(version, policy, draft if self._draft_weights else None)
 
-    def generate_with(self, drafter: str, requests: Sequence[Request]) -> Results:
-        """Generate `requests` with another drafter (a `rollout.drafter` value) made of this
-        engine's drafter's parts — its history (held fixed meanwhile: these rollouts do
-        not join it), its draft network — on the same weights (`pipeline.shadow_drafters`)."""
+    def alternative(self, drafter: str) -> Engine:
+        """The engine `generate_with(drafter)` uses, built (and, for adaptive depth, its
+        drafter's cost profile measured) on first use: call it before timing one."""
         eng = self._alt.get(drafter)
         if eng is None:
             rollout_cfg, prompts, log = self._alt_args
             part = _part(self.engine.drafter, drafter)
             eng = engine_with(rollout_cfg, self.engine.model, part, prompts, log)
             self._alt[drafter] = eng
+        return eng
+
+    def generate_with(self, drafter: str, requests: Sequence[Request]) -> Results:
+        """Generate `requests` with another drafter (a `rollout.drafter` value) made of this
+        engine's drafter's parts — its history (held fixed meanwhile: these rollouts do
+        not join it), its draft network — on the same weights (`pipeline.shadow_drafters`)."""
+        eng = self.alternative(drafter)
         eng.policy_version = self.engine.policy_version
         history = _history(self.engine.drafter)
         learn = history.learn if history is not None else None
