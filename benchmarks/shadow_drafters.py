@@ -20,7 +20,6 @@ import json
 import statistics
 from pathlib import Path
 
-
 FIELDS = ("acceptance_length", "tokens_per_iter", "gen_rate_speedup")
 
 
