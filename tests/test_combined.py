@@ -127,7 +127,10 @@ def test_the_combined_drafter_picks_the_source_that_predicts(target):
         engine.generate(reqs)
         other = "draft" if source == "history" else "history"
         assert all(c[other] == 0 for c in captured), captured
-        assert sum(c[source] > 0 for c in captured) >= len(captured) - 1, captured
+        if source == "history":
+            assert sum(c[source] > 0 for c in captured) >= len(captured) - 1, captured
+        else:  # a random head: run when probed (it brings nothing: `draft_pays`)
+            assert any(c[source] > 0 for c in captured), captured
     assert drafter.calibration("draft") < 1  # the random head's misses were counted
 
 
@@ -222,3 +225,43 @@ def test_joint_distribution_with_the_combined_drafter_learning(target, budget):
     exact = exact_joint(target, t, k, p)
     assert chi2_pvalue(counts, exact) > 1e-4
     assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
+
+
+def test_the_network_is_skipped_while_it_brings_less_than_it_costs(target):
+    """A random head beside a history that knows plain decoding's continuations (greedy)
+    brings nothing the history does not: after its first iterations it runs only to be
+    measured again (every `probe_every`). A head that proposes those very continuations
+    beside an empty history brings every accepted token and runs every iteration."""
+    reqs = [
+        Request(PROMPT, SamplingParams(0.0, max_new_tokens=64, stop_token_ids=(), seed=i))
+        for i in range(2)
+    ]
+    greedy = Engine(target, EngineConfig(max_batch=2)).generate(reqs)[0].token_ids
+    for knows in (True, False):
+        history = HistoryDrafter(HistoryConfig(sources=("past",)))
+        if knows:
+            history.remember(PROMPT, greedy)
+        history.learn = False
+        drafter = _combined(target, history)
+        calls = []
+        candidates = drafter.draft.candidates
+
+        def perfect(batch, depth, width, candidates=candidates):  # plain's own, q = 1
+            toks, probs = candidates(batch, depth, width)
+            at = (batch.n_gen.unsqueeze(1) + torch.arange(depth)).clamp(max=len(greedy) - 1)
+            toks[:, :, 0] = torch.tensor(greedy)[at]
+            probs[:, :, 0], probs[:, :, 1:] = 1.0, 0.0
+            return toks, probs
+
+        def counted(batch, depth, width, knows=knows, calls=calls, candidates=candidates):
+            calls.append(1)
+            return candidates(batch, depth, width) if knows else perfect(batch, depth, width)
+
+        drafter.draft.candidates = counted
+        engine = Engine(target, EngineConfig(max_batch=2), drafter, FixedDepth(8))
+        engine.generate(reqs)
+        iterations = engine.stats.target_forwards
+        if knows:
+            assert len(calls) <= 2 + iterations // drafter.config.probe_every, (calls, iterations)
+        else:
+            assert len(calls) == iterations and engine.stats.acceptance_length > 4

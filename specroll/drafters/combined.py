@@ -20,11 +20,14 @@ learnt in `commit` from the tokens that were kept). A node both sources propose 
 the larger estimate. The heaviest nodes (the engine's node budget, within the row's
 depth cap) are proposed best first, parents before children (a budget of at most
 `chain_up_to` nodes drafts the network's sampled chain instead, which keeps more at that
-size): so a row whose history
-matches well gets history's continuations, a row without matches the draft's, and
-rows in between a mix — the drafter picks itself per row, from running statistics,
-and the engine's adaptive tree size (`engine.depth`, `tree=True`) picks the budget
-from those trees' measured acceptance and the cost of verifying them.
+size). So the drafter picks itself, from running statistics: per row, a row whose
+history matches well gets history's continuations, a row without matches the draft's,
+rows in between a mix; per iteration, whether the network runs at all — only while the
+share of the tokens its candidates alone brought is at least the share of the
+iteration its forwards take (`draft_pays`; on a CPU, where a draft forward is dear,
+history alone often wins); and the engine's adaptive tree size (`engine.depth`,
+`tree=True`) picks the budget from those trees' measured acceptance and the cost of
+verifying them.
 
 The tree is verified by `spec.tree`: any deterministic candidates are lossless, so the
 mix never changes what a row samples.
@@ -33,6 +36,7 @@ mix never changes what a row samples.
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +60,9 @@ class CombinedConfig:
     """Decay per iteration of the calibration counts (the policy and the draft change)."""
     prior: float = 4.0
     """Pseudo-count of the calibration prior (each source taken at its word)."""
+    probe_every: int = 16
+    """While the draft network is skipped (it cost more of an iteration than it brought
+    of its tokens), run it anyway every this many iterations to measure it again."""
     chain_up_to: int = 2
     """Budgets of at most this many nodes draft the network's *sampled* chain instead
     (verified by the q-ratio test, which keeps more of a draft than deterministic
@@ -70,6 +77,8 @@ class CombinedConfig:
             raise ValueError(f"combined.decay must be in (0, 1], got {self.decay}")
         if self.prior <= 0:
             raise ValueError(f"combined.prior must be > 0, got {self.prior}")
+        if self.probe_every < 1:
+            raise ValueError(f"combined.probe_every must be >= 1, got {self.probe_every}")
         if self.chain_up_to < 0:
             raise ValueError(f"combined.chain_up_to must be >= 0, got {self.chain_up_to}")
 
@@ -97,6 +106,11 @@ class CombinedDrafter(Drafter):
         self.predicted = dict.fromkeys(SOURCES, 0.0)
         """Decayed sum of the conditional estimates of those candidates."""
         self._proposed: list[dict[Node, dict[str, float]] | None] = []
+        # is the network worth its forwards? decayed per-iteration figures: tokens per
+        # row its candidates alone brought, tokens per row, its seconds, the iteration's
+        self.gain = self.tokens = self.cost = self.period = 0.0
+        self._last_t: float | None = None
+        self._skipped = 0
 
     @property
     def version(self) -> int:
@@ -105,6 +119,19 @@ class CombinedDrafter(Drafter):
     @version.setter
     def version(self, v: int) -> None:
         self.draft.version = v
+
+    def draft_pays(self) -> bool:
+        """Run the network this iteration? Yes while the share of the tokens its
+        candidates alone brought is at least the share of the iteration its forwards
+        took (tokens per second then rise with it), and every `probe_every` iterations
+        when not (to measure it again)."""
+        if self.period <= 0 or self.tokens <= 0:
+            return True
+        if self.gain / self.tokens >= self.cost / self.period:
+            self._skipped = 0
+            return True
+        self._skipped += 1
+        return self._skipped % self.config.probe_every == 0
 
     def calibration(self, source: str) -> float:
         """Taken / predicted for `source`'s candidates (1 before any evidence)."""
@@ -133,6 +160,7 @@ class CombinedDrafter(Drafter):
         self.history.start(num_slots, max_len)
         self.draft.start(num_slots, max_len)
         self._proposed = [None] * num_slots
+        self._last_t = None  # the time between calls is not an iteration
 
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
         self.history.prefill(start, seqs, hidden)
@@ -165,11 +193,15 @@ class CombinedDrafter(Drafter):
             return self.draft.propose(batch)
         caps = batch.num_draft.tolist()
         depth = min(cfg.draft_depth, k, max(caps, default=0))
-        drafted = None
-        if depth > 0:
+        drafted, now = None, time.perf_counter()
+        if self._last_t is not None:  # one engine iteration since the last proposal
+            self.period = _avg(self.period, now - self._last_t, cfg.decay)
+        self._last_t = now
+        if depth > 0 and self.draft_pays():
             width = min(cfg.draft_width, k)
             toks, probs = self.draft.candidates(batch, depth, width)  # [B, depth, width]
             drafted = (toks.tolist(), probs.tolist())
+            self.cost = _avg(self.cost, time.perf_counter() - now, cfg.decay)
         c = {s: self.calibration(s) for s in SOURCES}
         tokens = [[0] * k for _ in range(B)]
         parents = [list(range(k)) for _ in range(B)]
@@ -210,6 +242,8 @@ class CombinedDrafter(Drafter):
         rows = [b for b in range(B) if self._proposed[b]]
         if not rows:
             return
+        drafted = any("draft" in e for b in rows for e in self._proposed[b].values())
+        gained = tokens = 0
         width = int(num_new.max())
         col = torch.arange(1, width + 1, device=history.device)
         at = (pos_before[:B].unsqueeze(1) + col).clamp(max=history.shape[1] - 1)  # [B, W]
@@ -220,6 +254,7 @@ class CombinedDrafter(Drafter):
             children: dict[Node, list[Node]] = {}
             for node in est:
                 children.setdefault(node[:-1], []).append(node)
+            tokens += len(kept)
             path: Node = ()
             for depth, y in enumerate(kept):
                 reached = children.get(path, [])
@@ -233,6 +268,18 @@ class CombinedDrafter(Drafter):
                 path = (*path, y)
                 if path not in est:
                     break
+                if "history" not in est[path]:  # the walk went on through the network's
+                    gained += len(kept) - 1 - depth  # candidate: what followed is its
+                    break
+        d = self.config.decay
+        self.tokens = _avg(self.tokens, tokens / len(rows), d)
+        if drafted:  # what the network's candidates brought, measured when it ran
+            self.gain = _avg(self.gain, gained / len(rows), d)
+
+
+def _avg(old: float, new: float, decay: float) -> float:
+    """Exponential moving average (the first value taken as it is)."""
+    return new if old == 0 else decay * old + (1 - decay) * new
 
 
 def _add_trie(est: dict, level: dict, parent_w: float, prefix: Node, cap: int) -> None:
