@@ -109,6 +109,11 @@ def shadow_metrics(others: dict, plain_run: tuple[float, int]) -> dict:
     return m
 
 
+def _depth_name(cfg: TrainConfig) -> str:
+    """'nodes' for a tree drafter's budget, 'k' for a chain's depth."""
+    return "nodes" if cfg.rollout.tree else "k"
+
+
 def tau_table(spec) -> dict[str, float] | None:
     """Tokens per row-iteration each draft size 1, 2, 4, ... would have emitted
     (`SpecStats.tau_at`), up to the largest verified; None without drafts."""
@@ -284,12 +289,13 @@ def figures(rows: list[dict], summary: dict, cfg: TrainConfig) -> dict:
             ax2.set_ylabel("share of iterations that drafted (bars)")
         if cfg.rollout.depth == "adaptive":
             title = (
-                f"draft acceptance (adaptive depth, k <= {cfg.rollout.k}; "
+                f"draft acceptance (adaptive depth, {_depth_name(cfg)} <= {cfg.rollout.depth_max}; "
                 f"deepest used {summary.get('deepest_draft', 0)})"
             )
         else:
             title = (
-                f"draft acceptance (k = {cfg.rollout.k} up to batch {cfg.rollout.spec_max_batch})"
+                f"draft acceptance ({_depth_name(cfg)} = {cfg.rollout.depth_max} up to batch "
+                f"{cfg.rollout.spec_max_batch})"
             )
         ax.set_title(title)
         figs["acceptance.png"] = fig
