@@ -48,7 +48,18 @@ def test_a_resumed_run_drafts_from_the_history_the_interrupted_one_saved(
     fresh(tmp_path / "b" / "run").run(resume=True)
     lines = (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
     resumed = [json.loads(x) for x in lines]
-    assert [_comparable(m) for m in resumed] == [_comparable(m) for m in full]
+    if drafter == "history":  # drafting is a function of the store: bit for bit
+        assert [_comparable(m) for m in resumed] == [_comparable(m) for m in full]
+    else:  # whether the network runs reads wall time (`draft_pays`): the samples are
+        # the same, the drafting statistics need not be
+        def samples(m: dict) -> dict:
+            return {k: v for k, v in _comparable(m).items() if k not in SPEC_FIELDS}
+
+        assert [samples(m) for m in resumed] == [samples(m) for m in full]
+
+
+SPEC_FIELDS = ("acceptance_length", "per_position", "depth_hist", "tokens_per_iter", "tau_at")
+"""Step metrics that describe the drafting, not the samples."""
 
 
 def test_a_resume_without_the_history_drafts_differently(tiny_setup, tmp_path, monkeypatch):

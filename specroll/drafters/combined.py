@@ -149,11 +149,14 @@ class CombinedDrafter(Drafter):
             "history": self.history.state_dict(),
             "taken": dict(self.taken),
             "predicted": dict(self.predicted),
+            "network": [self.gain, self.tokens, self.cost, self.period, self._skipped],
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.history.load_state_dict(state["history"])
         self.taken, self.predicted = dict(state["taken"]), dict(state["predicted"])
+        self.gain, self.tokens, self.cost, self.period, skipped = state["network"]
+        self._skipped = int(skipped)
 
     # the engine's hooks: both sources follow every row ---------------------------------
     def start(self, num_slots: int, max_len: int) -> None:
