@@ -170,9 +170,7 @@ def profile(
         cm.overhead_fixed, cm.overhead_per_token = o0, o1
         err.update(draft_mape=round(d_err, 4), overhead_mape=round(o_err, 4))
         if drafter.tree:
-            ctx = sum(len(p) for p in prompts[: max(engine_batches)]) / max(
-                len(prompts[: max(engine_batches)]), 1
-            )
+            ctx = statistics.mean(len(r.prompt_ids) for r in reqs)  # the timed rows'
             cm.tree_fixed, cm.tree_per_token, tree_pts, t_err = tree_terms(
                 model, cm, reqs, engine_batches, tree_nodes, ctx + new_tokens / 2
             )
