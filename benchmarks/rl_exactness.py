@@ -14,6 +14,7 @@ Secondary, per-sample / per-step (anti-conservative under clustering; reported o
     difference, signs flipped at random;
   * engine log-probs equal the learner's recomputation to 1e-5 at every step (both arms).
 Prints one JSON line.  Run: python benchmarks/rl_exactness.py --seeds 3 --steps 30
+(`--drafter history+draft --pool 8`: the history and combined drafters, prompts recurring).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from specroll.rl.run.draft import build_draft
 from specroll.rl.run.trainer import Trainer
 
 
-def run(seed: int, speculative: bool, steps: int, out: str) -> dict:
+def run(seed: int, speculative: bool, steps: int, out: str, drafter: str, pool: int) -> dict:
     d = resolve("tiny")
     policy, tok = load_model(d), Tokenizer(d)
     cfg = build_config(
@@ -43,6 +44,8 @@ def run(seed: int, speculative: bool, steps: int, out: str) -> dict:
             f"pipeline.steps={steps}",
             f"pipeline.out_dir={out}",
             f"rollout.speculative={str(speculative).lower()}",
+            f"rollout.drafter={drafter}",
+            f"data.pool={pool}",
             "data.val_size=0",
             "pipeline.checkpoint_every=0",
         ],
@@ -102,6 +105,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--drafter", default="draft", help="rollout.drafter of the speculative arm")
+    ap.add_argument("--pool", type=int, default=0, help="data.pool (0: fresh prompts each step)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     t0 = time.time()
@@ -109,7 +114,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
             for spec in (True, False):
-                arms[spec].append(run(seed, spec, args.steps, f"{tmp}/{seed}-{spec}"))
+                arms[spec].append(
+                    run(seed, spec, args.steps, f"{tmp}/{seed}-{spec}", args.drafter, args.pool)
+                )
     pooled = {s: [x for r in arms[s] for x in r["lengths"]] for s in arms}
     len_p = perm_p([float(x) for x in pooled[True]], [float(x) for x in pooled[False]])
     per = {
@@ -143,6 +150,8 @@ def main() -> None:
                 "preset": "tiny",
                 "seeds": args.seeds,
                 "steps": args.steps,
+                "drafter": args.drafter,
+                "pool": args.pool,
                 "samples_per_arm": len(pooled[True]),
                 "mean_len": {
                     "spec": sum(pooled[True]) / len(pooled[True]),

@@ -1,12 +1,19 @@
 """Per-step figures of every drafter of one run with `pipeline.shadow_drafters`: the run's
 own drafter and each shadow drafter, measured on the same requests, weights, seeds and
 history at every shadow step. Plots tokens per row-iteration, acceptance length and the
-token-rate speed-up over plain decoding per step (and the run's reward), and prints a
+token-rate speed-up over plain decoding per step, and the mean reward of every drafter's
+samples and of plain decoding's at each shadow step (same weights: they must agree;
+paired sign-flip test of each drafter against plain over the shadow steps). Prints a
 final JSON line: per drafter, the figures at each shadow step, their medians early
 (first third of the steps) and late (last 20 steps), and whether the combined drafter
 was at least the better of the other two at every shadow step.
 
     python benchmarks/shadow_drafters.py runs/h60 --out docs/figures/shadow_drafters.png
+
+`--acceptance-out FILE` writes the early and late tokens per iteration at each draft size
+(median over the phase's shadow steps) in the input format of `benchmarks/sim_history.py`,
+which projects them onto the paper's 8B setting; the draft network is named by its kind
+(`draft` -> `eagle3`, `history+draft` -> `history+eagle3`).
 
 The first shadow step of a run made before the shadow engines were built outside the
 timing (commit "shadow drafters: their engines ... outside the timed generation")
@@ -20,7 +27,7 @@ import json
 import statistics
 from pathlib import Path
 
-FIELDS = ("acceptance_length", "tokens_per_iter", "gen_rate_speedup")
+FIELDS = ("acceptance_length", "tokens_per_iter", "gen_rate_speedup", "reward")
 
 
 def series(lines: list[dict], own: str) -> dict[str, dict[int, dict[str, float]]]:
@@ -34,11 +41,47 @@ def series(lines: list[dict], own: str) -> dict[str, dict[int, dict[str, float]]
             "tokens_per_iter": m.get("tokens_per_iter"),
             "acceptance_length": m.get("acceptance_length"),
             "gen_rate_speedup": m["gen_rate_speedup"],
+            "reward": m.get("reward"),
+            "tau_at": m.get("tau_at"),
         }
+        if "shadow_ar_reward" in m:
+            out.setdefault("plain", {})[s] = {"reward": m["shadow_ar_reward"]}
         for key, v in m.items():
             if key.startswith("shadow/") and key.count("/") == 2:
                 _, name, field = key.split("/")
                 out.setdefault(name, {}).setdefault(s, {})[field] = v
+    return out
+
+
+def signflip_p(d: list[float], n: int = 20000) -> float:
+    """Two-sided paired sign-flip p-value of mean(d) = 0 (seeded, `n` random flips)."""
+    import torch
+
+    x = torch.tensor(d, dtype=torch.float64)
+    if not bool(x.any()):
+        return 1.0
+    g = torch.Generator().manual_seed(0)
+    signs = torch.randint(0, 2, (n, len(x)), generator=g).double() * 2 - 1
+    null = (signs * x).mean(1).abs()
+    return float(((null >= x.mean().abs() - 1e-12).sum() + 1) / (n + 1))
+
+
+def acceptance(
+    data: dict, steps: dict[str, list[int]], kind: str
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{phase: {drafter: {size: median tau}}} over each phase's steps (sim_history input)."""
+    out: dict = {}
+    for phase, which in steps.items():
+        for name, by_step in data.items():
+            tables = [by_step[s]["tau_at"] for s in which if (by_step.get(s) or {}).get("tau_at")]
+            if not tables:
+                continue
+            sizes = sorted({int(n) for t in tables for n in t})
+            med = {
+                str(n): round(statistics.median(t[str(n)] for t in tables if str(n) in t), 4)
+                for n in sizes
+            }
+            out.setdefault(phase, {})[name.replace("draft", kind)] = med
     return out
 
 
@@ -48,6 +91,8 @@ def main() -> None:
     ap.add_argument("--out", default="", help="PNG to write")
     ap.add_argument("--skip-steps", default="", help="comma list of steps to leave out")
     ap.add_argument("--late", type=int, default=20, help="steps counted as late")
+    ap.add_argument("--acceptance-out", default="", help="sim_history input JSON to write")
+    ap.add_argument("--tree-fixed-ms", type=float, default=0.0, help="written with it")
     args = ap.parse_args()
     root = Path(args.run)
     path = root / "run" / "metrics.jsonl"
@@ -55,17 +100,23 @@ def main() -> None:
         path = root / "metrics.jsonl"
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     cfg_path = path.parent / "config.json"
-    own = "run"
+    own, kind = "run", "eagle3"
     if cfg_path.is_file():
-        own = json.loads(cfg_path.read_text()).get("rollout", {}).get("drafter", own)
+        run_cfg = json.loads(cfg_path.read_text())
+        own = run_cfg.get("rollout", {}).get("drafter", own)
+        kind = run_cfg.get("draft", {}).get("kind", kind)
     skip = {int(x) for x in args.skip_steps.split(",") if x}
     data = series([m for m in lines if m.get("step") not in skip], own)
     steps = sorted({s for d in data.values() for s in d})
     last = max((m["step"] for m in lines), default=0)
+    phase_steps = {
+        "early": [s for s in steps if s <= last / 3],
+        "late": [s for s in steps if s > last - args.late],
+    }
     summary = {}
     for name, by_step in data.items():
-        early = [v for s, v in by_step.items() if s <= last / 3]
-        late = [v for s, v in by_step.items() if s > last - args.late]
+        early = [by_step[s] for s in phase_steps["early"] if s in by_step]
+        late = [by_step[s] for s in phase_steps["late"] if s in by_step]
 
         def med(rows: list[dict], field: str) -> float | None:
             xs = [r[field] for r in rows if r.get(field) is not None]
@@ -76,7 +127,21 @@ def main() -> None:
             "early": {f: med(early, f) for f in FIELDS},
             "late": {f: med(late, f) for f in FIELDS},
         }
-    others = [n for n in data if n != own]
+    reward_p = {}
+    if "plain" in data:
+        for name, by_step in data.items():
+            pairs = [
+                (v["reward"], data["plain"][s]["reward"])
+                for s, v in by_step.items()
+                if name != "plain" and v.get("reward") is not None and s in data["plain"]
+            ]
+            if pairs:
+                reward_p[name] = {
+                    "steps": len(pairs),
+                    "mean_diff": round(statistics.mean(a - b for a, b in pairs), 4),
+                    "signflip_p": round(signflip_p([a - b for a, b in pairs]), 4),
+                }
+    others = [n for n in data if n not in (own, "plain")]
     best_every = None
     if others:
         best_every = {
@@ -94,22 +159,26 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 4, figsize=(20, 4))
-        fields = ("acceptance_length", "tokens_per_iter", "gen_rate_speedup")
         for name, by_step in data.items():
             xs = sorted(by_step)
-            for ax, field in zip(axes[:3], fields, strict=True):
-                ax.plot(xs, [by_step[s].get(field) for s in xs], marker="o", label=name)
+            for ax, field in zip(axes, FIELDS, strict=True):
+                ys = [by_step[s].get(field) for s in xs]
+                if any(y is not None for y in ys):
+                    ax.plot(xs, ys, marker="o", label=name)
                 ax.set_title(field.replace("_", " "))
                 ax.set_xlabel("step")
         axes[2].axhline(1.0, color="grey", lw=0.8)
         rs = [(m["step"], m["reward"]) for m in lines if "reward" in m]
-        axes[3].plot([s for s, _ in rs], [r for _, r in rs], color="black")
-        axes[3].set_title("reward (one run: the policy never sees the drafter)")
-        axes[3].set_xlabel("step")
+        axes[3].plot([s for s, _ in rs], [r for _, r in rs], color="black", lw=0.6, alpha=0.4)
+        axes[3].set_title("reward of each drafter's samples (same weights)")
         axes[0].legend()
         fig.tight_layout()
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.out, dpi=100)
+    if args.acceptance_out:
+        sim = acceptance(data, phase_steps, kind)
+        sim |= {"tree_overhead": 1.0, "tree_fixed_ms": args.tree_fixed_ms, "draft_ms": {}}
+        Path(args.acceptance_out).write_text(json.dumps(sim, indent=1) + "\n")
     for name, s in summary.items():
         print(f"{name:>16}  early {s['early']}  late {s['late']}")
     print(
@@ -121,6 +190,7 @@ def main() -> None:
                 "skipped_steps": sorted(skip),
                 "late_steps": args.late,
                 "combined_at_least_the_best_every_step": best_every,
+                "reward_vs_plain": reward_p,
                 "drafters": summary,
             }
         )

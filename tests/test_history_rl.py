@@ -153,3 +153,4 @@ def test_one_run_measures_every_drafter_on_the_same_requests(tiny_setup, tmp_pat
             assert m[f"shadow/{name}/gen_rate_speedup"] > 0
             assert m[f"shadow/{name}/acceptance_length"] >= 1
             assert m[f"shadow/{name}/tokens_per_iter"] >= 1
+            assert 0.0 <= m[f"shadow/{name}/reward"] <= 1.0  # its samples, scored

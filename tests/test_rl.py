@@ -289,7 +289,8 @@ def test_shadow_rollouts_measure_plain_decoding_and_change_nothing(tiny_setup, t
             m["shadow_ar_gen_tokens"] / m["shadow_ar_gen_s"]
         )
         assert m["gen_rate_speedup"] == pytest.approx(rate, rel=2e-2)  # inputs rounded
-        extra = {"shadow_ar_gen_tokens", "gen_speedup", "gen_rate_speedup"}
+        assert 0.0 <= m["shadow_ar_reward"] <= 1.0  # the plain samples, scored
+        extra = {"shadow_ar_gen_tokens", "gen_speedup", "gen_rate_speedup", "shadow_ar_reward"}
         assert {k: v for k, v in deterministic(m).items() if k not in extra} == deterministic(ref)
 
 

@@ -118,12 +118,13 @@ class Trainer:
         # plain decoding of the same requests on the same weights; every other time it
         # runs first, so that neither side always comes right after the learner's update
         shadow_first = with_shadow and (s // every) % 2 == 1
-        plain_run = shadow(self.rollout, reqs) if shadow_first else None  # (seconds, tokens)
+        plain = shadow(self.rollout, reqs) if shadow_first else None  # (seconds, results)
         t0 = time.perf_counter()
         results, lag = self.window.take(s, reqs)
         t["gen"] = time.perf_counter() - t0  # async: only the exposed part (learner waits)
         if with_shadow and not shadow_first:
-            plain_run = shadow(self.rollout, reqs)
+            plain = shadow(self.rollout, reqs)
+        plain_run = None if plain is None else (plain[0], sum(len(r.token_ids) for r in plain[1]))
         others = {}
         if with_shadow and cfg.pipeline.shadow_drafters:
             others = shadow_drafters(self.rollout, reqs, cfg.pipeline.shadow_drafters, s)
@@ -184,8 +185,16 @@ class Trainer:
             refill=groups if cfg.loss.max_refill_rounds else None,
         )
         m.update(scores.metrics())  # reward/<function>: each function's mean
-        if others and plain_run is not None:
-            m.update(shadow_metrics(others, plain_run))
+        if plain is not None:
+            # the shadow runs' samples scored too: on the same weights every drafter and
+            # plain decoding draw the same distribution, so their rewards must agree
+            shadows = {"plain": plain[1]} | {n: res for n, (_, res) in others.items()}
+            mean = {
+                n: float(self.task.rewards(problems, res, G).mean()) for n, res in shadows.items()
+            }
+            m["shadow_ar_reward"] = round(mean.pop("plain"), 4)
+            if others:
+                m.update(shadow_metrics(others, plain_run, mean))
         return m
 
     @torch.no_grad()

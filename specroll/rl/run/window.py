@@ -57,12 +57,12 @@ class RolloutWindow:
         self._inflight.clear()
 
 
-def shadow(rollout: RolloutBackend, requests: list[Request]) -> tuple[float, int]:
-    """(seconds, tokens) of generating `requests` without speculation on the same weights
-    (results discarded): the plain side of the measured generation speed-up."""
+def shadow(rollout: RolloutBackend, requests: list[Request]) -> tuple[float, Results]:
+    """(seconds, results) of generating `requests` without speculation on the same weights
+    (never trained on): the plain side of the measured generation speed-up."""
     t0 = time.perf_counter()
     results = rollout.generate(requests, plain=True)
-    return time.perf_counter() - t0, sum(len(r.token_ids) for r in results)
+    return time.perf_counter() - t0, results
 
 
 def shadow_drafters(
