@@ -75,18 +75,25 @@ def test_conditional_law_with_the_combined_drafter_and_history_held_fixed(target
 
 @pytest.mark.parametrize("budget", [2, 12])
 def test_greedy_combined_drafts_are_token_identical_to_plain(target, budget):
-    """A budget of 12: merged trees; of 2: the head's sampled chain (`chain_up_to`)."""
+    """A budget of 12: merged trees; of 2 (`chain_up_to`): the head's sampled chain and
+    the tree, each measured, then the one that kept more (here history's tree: the head
+    is random, the second call's prompts are the first's)."""
     reqs = [
         Request(PROMPT, SamplingParams(0.0, max_new_tokens=48, stop_token_ids=(), seed=i))
         for i in range(4)
     ]
     plain = Engine(target, EngineConfig(max_batch=4)).generate(reqs)
-    engine = Engine(target, EngineConfig(max_batch=4), _combined(target), FixedDepth(budget))
+    drafter = _combined(target)
+    engine = Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(budget))
     for _ in range(2):  # the second call drafts from the first's outputs too
         out = engine.generate(reqs)
         assert [r.token_ids for r in out] == [r.token_ids for r in plain]
-    assert out.stats.acceptance_length > 2 or budget == 2  # a random head: its chain misses
-    assert (out.stats.draft_nodes > out.stats.draft_tokens) == (budget > 2)  # a tree?
+    assert out.stats.acceptance_length > 2  # history's tree, whichever the budget
+    assert out.stats.draft_nodes > out.stats.draft_tokens  # trees
+    chain, tree = drafter.small["chain"][1], drafter.small["tree"][1]
+    assert (chain > 0) == (budget == 2)  # the chain was tried only where it may run
+    assert tree > max(chain, 1.1)  # tokens per row at a budget of 2, both measured
+    assert drafter.use_chain(2) == (chain == 0)  # tried while unmeasured, then the better
 
 
 def _sources(drafter: CombinedDrafter) -> dict[str, int]:
@@ -265,3 +272,18 @@ def test_the_network_is_skipped_while_it_brings_less_than_it_costs(target):
             assert len(calls) <= 2 + iterations // drafter.config.probe_every, (calls, iterations)
         else:
             assert len(calls) == iterations and engine.stats.acceptance_length > 4
+
+
+def test_plain_iterations_teach_the_drafter_nothing(target):
+    """An iteration the depth policy left plain (no proposal) is not evidence about the
+    last proposal: calibration and the chain/tree measurements stay as they were."""
+    reqs = [
+        Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(), seed=i))
+        for i in range(4)
+    ]
+    drafter = _combined(target)
+    Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(8)).generate(reqs)
+    before = (dict(drafter.taken), dict(drafter.predicted), repr(drafter.small))
+    assert drafter.predicted["history"] > 0
+    Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(0)).generate(reqs)
+    assert (dict(drafter.taken), dict(drafter.predicted), repr(drafter.small)) == before

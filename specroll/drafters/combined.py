@@ -18,9 +18,14 @@ scaled by that source's *calibration* — the decayed ratio of how often its can
 were taken to what it predicted for them (verified nodes whose parent the walk reached,
 learnt in `commit` from the tokens that were kept). A node both sources propose takes
 the larger estimate. The heaviest nodes (the engine's node budget, within the row's
-depth cap) are proposed best first, parents before children (a budget of at most
-`chain_up_to` nodes drafts the network's sampled chain instead, which keeps more at that
-size). So the drafter picks itself, from running statistics: per row, a row whose
+depth cap) are proposed best first, parents before children. A budget of at most
+`chain_up_to` nodes may draft the network's *sampled* chain instead: the q-ratio test
+keeps more of a draft than deterministic candidates keep of the same count, when the
+network predicts well; when history does (recurring prompts) its top candidates keep
+far more. Which one, is measured: each one's tokens per row at each small budget (a
+tree's for every budget up to the one it was verified at, from the index of the nodes
+on the accepted path), the better one drafted and the other probed every `probe_every`
+such iterations. So the drafter picks itself, from running statistics: per row, a row whose
 history matches well gets history's continuations, a row without matches the draft's,
 rows in between a mix; per iteration, whether the network runs at all — only while the
 share of the tokens its candidates alone brought is at least the share of the
@@ -64,10 +69,11 @@ class CombinedConfig:
     """While the draft network is skipped (it cost more of an iteration than it brought
     of its tokens), run it anyway every this many iterations to measure it again."""
     chain_up_to: int = 2
-    """Budgets of at most this many nodes draft the network's *sampled* chain instead
-    (verified by the q-ratio test, which keeps more of a draft than deterministic
-    candidates of the same count do: tau(1) 1.34 against 1.26 and tau(2) 1.46 against
-    1.35, SmolLM2 math at T = 1, batch 32); 0 = always a tree."""
+    """Budgets of at most this many nodes may draft the network's *sampled* chain
+    instead, while it measures more tokens per row there than the tree (the q-ratio test
+    keeps more of a draft than deterministic candidates do: tau(1) 1.34 against 1.26,
+    SmolLM2 math at T = 1, batch 32, one epoch; with prompts recurring, history's top
+    candidate keeps more: 1.78 against 1.35 in an RL run); 0 = always a tree."""
 
     def __post_init__(self) -> None:
         for name in ("draft_depth", "draft_width"):
@@ -111,6 +117,12 @@ class CombinedDrafter(Drafter):
         self.gain = self.tokens = self.cost = self.period = 0.0
         self._last_t: float | None = None
         self._skipped = 0
+        # small budgets: decayed tokens per row the chain / the tree gave at budget m
+        # (index m - 1), the last small iteration's kind and budget, and a probe clock
+        self.small = {kind: [0.0] * self.config.chain_up_to for kind in ("chain", "tree")}
+        self._chain_k = self._tree_k = 0
+        self._small_iters = 0
+        self._fresh = False  # proposed this iteration (commit learns only then)
 
     @property
     def version(self) -> int:
@@ -133,6 +145,17 @@ class CombinedDrafter(Drafter):
         self._skipped += 1
         return self._skipped % self.config.probe_every == 0
 
+    def use_chain(self, k: int) -> bool:
+        """Draft the sampled chain at a budget of k <= `chain_up_to`? Yes while it has
+        given more tokens per row there than the tree (each tried first while unmeasured;
+        the loser probed every `probe_every` iterations)."""
+        chain, tree = self.small["chain"][k - 1], self.small["tree"][k - 1]
+        if chain == 0 or tree == 0:
+            return chain == 0
+        self._small_iters += 1
+        probe = self._small_iters % self.config.probe_every == 0
+        return (chain > tree) != probe
+
     def calibration(self, source: str) -> float:
         """Taken / predicted for `source`'s candidates (1 before any evidence)."""
         a = self.config.prior
@@ -150,6 +173,8 @@ class CombinedDrafter(Drafter):
             "taken": dict(self.taken),
             "predicted": dict(self.predicted),
             "network": [self.gain, self.tokens, self.cost, self.period, self._skipped],
+            "small": {kind: list(v) for kind, v in self.small.items()},
+            "small_iters": self._small_iters,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -157,6 +182,10 @@ class CombinedDrafter(Drafter):
         self.taken, self.predicted = dict(state["taken"]), dict(state["predicted"])
         self.gain, self.tokens, self.cost, self.period, skipped = state["network"]
         self._skipped = int(skipped)
+        if "small" in state:  # checkpoints before the measured chain/tree choice lack it
+            n = self.config.chain_up_to
+            self.small = {kind: (list(v) + [0.0] * n)[:n] for kind, v in state["small"].items()}
+            self._small_iters = int(state["small_iters"])
 
     # the engine's hooks: both sources follow every row ---------------------------------
     def start(self, num_slots: int, max_len: int) -> None:
@@ -170,7 +199,9 @@ class CombinedDrafter(Drafter):
         self.draft.prefill(start, seqs, hidden)
 
     def commit(self, B, pos_before, num_new, hidden, history) -> None:
-        self._learn(B, pos_before, num_new, history)
+        if self._fresh:  # a plain iteration (no proposal) says nothing of the last one's
+            self._learn(B, pos_before, num_new, history)
+        self._fresh = False
         self.history.commit(B, pos_before, num_new, hidden, history)
         self.draft.commit(B, pos_before, num_new, hidden, history)
 
@@ -191,8 +222,10 @@ class CombinedDrafter(Drafter):
     def propose(self, batch: DraftBatch) -> Proposal:
         B, k = batch.last.shape[0], batch.k
         cfg, hcfg = self.config, self.history.config
-        if k <= cfg.chain_up_to:  # a small budget: the sampled chain keeps more
+        self._chain_k, self._tree_k, self._fresh = 0, k, True
+        if 0 < k <= cfg.chain_up_to and self.use_chain(k):  # measured to keep more here
             self._proposed[:B] = [None] * B
+            self._chain_k = k
             return self.draft.propose(batch)
         caps = batch.num_draft.tolist()
         depth = min(cfg.draft_depth, k, max(caps, default=0))
@@ -242,15 +275,17 @@ class CombinedDrafter(Drafter):
         for s in SOURCES:
             self.taken[s] *= d
             self.predicted[s] *= d
+        width = int(num_new[:B].max())
+        col = torch.arange(1, width + 1, device=history.device)
+        at = (pos_before[:B].unsqueeze(1) + col).clamp(max=history.shape[1] - 1)  # [B, W]
+        new, counts = history[:B].gather(1, at).tolist(), num_new.tolist()
+        if self.config.chain_up_to:
+            self._learn_small([new[b][: counts[b]] for b in range(B)])
         rows = [b for b in range(B) if self._proposed[b]]
         if not rows:
             return
         drafted = any("draft" in e for b in rows for e in self._proposed[b].values())
         gained = tokens = 0
-        width = int(num_new.max())
-        col = torch.arange(1, width + 1, device=history.device)
-        at = (pos_before[:B].unsqueeze(1) + col).clamp(max=history.shape[1] - 1)  # [B, W]
-        new, counts = history[:B].gather(1, at).tolist(), num_new.tolist()
         for b in rows:
             est = self._proposed[b]
             kept = new[b][: counts[b]]  # accepted candidates, then the token drawn
@@ -278,6 +313,31 @@ class CombinedDrafter(Drafter):
         self.tokens = _avg(self.tokens, tokens / len(rows), d)
         if drafted:  # what the network's candidates brought, measured when it ran
             self.gain = _avg(self.gain, gained / len(rows), d)
+
+    def _learn_small(self, kept: list[list[int]]) -> None:
+        """Tokens per row each budget m <= `chain_up_to` gave (a chain: 1 + its first m
+        drafts accepted) or would have given (a tree verified at a budget of at least m,
+        proposed best first and parents first: 1 + the accepted path's leading nodes
+        numbered m or less). kept[b]: row b's accepted drafts, then the token drawn."""
+        if self._chain_k:
+            kind, upto = "chain", self._chain_k
+            per_m = [[1 + min(len(x) - 1, m) for x in kept] for m in range(1, upto + 1)]
+        else:
+            rows = [b for b in range(len(kept)) if self._proposed[b] is not None]
+            kind, upto = "tree", min(self.config.chain_up_to, self._tree_k)
+            per_m = [[] for _ in range(upto)]
+            for b in rows:
+                index = {node: i + 1 for i, node in enumerate(self._proposed[b])}
+                x = kept[b]
+                path = [index.get(tuple(x[: j + 1]), 1 << 30) for j in range(len(x) - 1)]
+                for m in range(1, upto + 1):
+                    per_m[m - 1].append(
+                        1 + next((j for j, i in enumerate(path) if i > m), len(path))
+                    )
+        for m, xs in enumerate(per_m, start=1):
+            if xs:
+                old = self.small[kind][m - 1]
+                self.small[kind][m - 1] = _avg(old, sum(xs) / len(xs), self.config.decay)
 
 
 def _avg(old: float, new: float, decay: float) -> float:
