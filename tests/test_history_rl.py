@@ -4,9 +4,11 @@ samples — exactly as the uninterrupted one; the store alone round-trips."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
+import torch
 
 from specroll.drafters.history import HistoryConfig, HistoryDrafter
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
@@ -154,3 +156,28 @@ def test_one_run_measures_every_drafter_on_the_same_requests(tiny_setup, tmp_pat
             assert m[f"shadow/{name}/acceptance_length"] >= 1
             assert m[f"shadow/{name}/tokens_per_iter"] >= 1
             assert 0.0 <= m[f"shadow/{name}/reward"] <= 1.0  # its samples, scored
+
+
+def test_a_shadow_drafter_drafts_from_the_history_before_the_step(tiny_setup, tmp_path):
+    """A shadow history drafter starts from the store as it was before the step and
+    learns from its own rollouts, as the run's drafter did: on the same requests, seeds
+    and (fixed) depths it redoes the run's own rollouts exactly. Drafting from a store
+    that already held the step's rollouts would copy them instead. The run's own store
+    is put back: the same as a run's without shadows."""
+    policy, tok = tiny_setup
+    untouched = (copy.deepcopy(policy), tok)  # each run trains its own policy in place
+    overrides = (*HISTORY, "pipeline.shadow_every=1", "pipeline.shadow_drafters=[history]")
+    t = make_trainer(tiny_setup, tmp_path / "run", *overrides, "pipeline.steps=3")
+    ms = [m for m in t.run() if "tokens_per_iter" in m]
+    for m in ms:
+        for key in ("tokens_per_iter", "acceptance_length", "reward"):
+            assert m[f"shadow/history/{key}"] == m[key], key
+    assert max(m["acceptance_length"] or 1 for m in ms) > 1  # the prompts recur: drafts
+    alone = make_trainer(untouched, tmp_path / "alone", *HISTORY, "pipeline.steps=3")
+    ref = [m for m in alone.run() if "tokens_per_iter" in m]
+    assert [m["tokens_per_iter"] for m in ref] == [m["tokens_per_iter"] for m in ms]
+    store, mine = (x.rollout.engine.drafter.state_dict() for x in (t, alone))
+    assert store.keys() == mine.keys()
+    for k in store:
+        same = torch.equal(store[k], mine[k]) if torch.is_tensor(store[k]) else store[k] == mine[k]
+        assert same, k

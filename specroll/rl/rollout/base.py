@@ -76,6 +76,11 @@ class RolloutBackend(ABC):
         checkpoint; None when it keeps nothing a resumed run would need."""
         return None
 
+    def history_state(self) -> dict | None:
+        """The history store now, for shadow drafters (`LocalRollout.shadowing`); None
+        when the backend's drafter keeps none."""
+        return None
+
     def load_drafter_state(self, state: dict) -> None:
         """Restore `drafter_state` (a resumed run drafts as the interrupted one would)."""
         raise ValueError("this rollout backend keeps no drafter state to restore")

@@ -4,7 +4,8 @@ every backend that decodes with specroll's own engine builds where it decodes.""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -135,19 +136,40 @@ class LocalRollout(RolloutBackend):
 
     def generate_with(self, drafter: str, requests: Sequence[Request]) -> Results:
         """Generate `requests` with another drafter (a `rollout.drafter` value) made of this
-        engine's drafter's parts — its history (held fixed meanwhile: these rollouts do
-        not join it), its draft network — on the same weights (`pipeline.shadow_drafters`)."""
+        engine's drafter's parts — its history, its draft network — on the same weights
+        (`pipeline.shadow_drafters`; inside `shadowing`)."""
         eng = self.alternative(drafter)
         eng.policy_version = self.engine.policy_version
+        return eng.generate(requests)
+
+    def history_state(self) -> dict | None:
+        """The history store now: taken before a step's rollouts join it, what that step's
+        shadow drafters start from (`shadowing`)."""
         history = _history(self.engine.drafter)
-        learn = history.learn if history is not None else None
-        if history is not None:
-            history.learn = False
+        return history.state_dict() if history is not None else None
+
+    @contextmanager
+    def shadowing(self, drafter: str, before: dict | None) -> Iterator[None]:
+        """Around `generate_with(drafter)`: a drafter that drafts from history starts from
+        the store as it was before the step (`before`, from `history_state`) and learns
+        from its own rollouts as the run's drafter did from its; the run's store is put
+        back afterwards. Drafting from a store that already holds the step's rollouts —
+        the same requests and seeds — would copy them. Without `before` the store is held
+        fixed instead."""
+        history = _history(self.engine.drafter)
+        if history is None or "history" not in drafter_sources(drafter):
+            yield
+            return
+        learn, now = history.learn, history.state_dict() if before is not None else None
+        if before is not None:
+            history.load_state_dict(before)
+        history.learn = before is not None
         try:
-            return eng.generate(requests)
+            yield
         finally:
-            if history is not None:
-                history.learn = learn
+            history.learn = learn
+            if now is not None:
+                history.load_state_dict(now)
 
     def drafter_state(self) -> dict | None:
         d = self.engine.drafter

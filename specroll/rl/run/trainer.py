@@ -119,6 +119,10 @@ class Trainer:
         # runs first, so that neither side always comes right after the learner's update
         shadow_first = with_shadow and (s // every) % 2 == 1
         plain = shadow(self.rollout, reqs) if shadow_first else None  # (seconds, results)
+        # what shadow drafters draft from: the history before this step's rollouts join it
+        before = (
+            self.rollout.history_state() if with_shadow and cfg.pipeline.shadow_drafters else None
+        )
         t0 = time.perf_counter()
         results, lag = self.window.take(s, reqs)
         t["gen"] = time.perf_counter() - t0  # async: only the exposed part (learner waits)
@@ -127,7 +131,7 @@ class Trainer:
         plain_run = None if plain is None else (plain[0], sum(len(r.token_ids) for r in plain[1]))
         others = {}
         if with_shadow and cfg.pipeline.shadow_drafters:
-            others = shadow_drafters(self.rollout, reqs, cfg.pipeline.shadow_drafters, s)
+            others = shadow_drafters(self.rollout, reqs, cfg.pipeline.shadow_drafters, s, before)
         self._check_stop()
 
         t0 = time.perf_counter()

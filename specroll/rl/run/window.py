@@ -66,11 +66,16 @@ def shadow(rollout: RolloutBackend, requests: list[Request]) -> tuple[float, Res
 
 
 def shadow_drafters(
-    rollout: RolloutBackend, requests: list[Request], names: tuple[str, ...], step: int
+    rollout: RolloutBackend,
+    requests: list[Request],
+    names: tuple[str, ...],
+    step: int,
+    before: dict | None = None,
 ) -> dict[str, tuple[float, Results]]:
     """{drafter: (seconds, results)} of generating `requests` with each of `names` on the
-    run's weights (`LocalRollout.generate_with`), in an order that rotates with `step`
-    (no drafter always runs first)."""
+    run's weights (`LocalRollout.generate_with`), each drafting from the history store as
+    it was before the step (`before`, `LocalRollout.shadowing`), in an order that rotates
+    with `step` (no drafter always runs first)."""
     out = {}
     order = list(names)
     if order:
@@ -78,7 +83,8 @@ def shadow_drafters(
         order = order[r:] + order[:r]
     for name in order:
         rollout.alternative(name)  # built outside the timing (a first profile takes minutes)
-        t0 = time.perf_counter()
-        results = rollout.generate_with(name, requests)
-        out[name] = (time.perf_counter() - t0, results)
+        with rollout.shadowing(name, before):  # swapping stores is not timed either
+            t0 = time.perf_counter()
+            results = rollout.generate_with(name, requests)
+            out[name] = (time.perf_counter() - t0, results)
     return out
