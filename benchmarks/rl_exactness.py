@@ -135,7 +135,7 @@ def main() -> None:
     }
     run_p = {key: run_level_p(v[True], v[False]) for key, v in run_means.items()}
     mismatch = max(
-        row.get("logprob_mismatch_max", 0.0) for s in arms for r in arms[s] for row in r["rows"]
+        row.get("logprob_mismatch_max") or 0.0 for s in arms for r in arms[s] for row in r["rows"]
     )
     als = [
         row["acceptance_length"]

@@ -173,6 +173,7 @@ def main() -> None:
         axes[3].plot([s for s, _ in rs], [r for _, r in rs], color="black", lw=0.6, alpha=0.4)
         axes[3].set_title("reward of each drafter's samples (same weights)")
         axes[0].legend()
+        axes[3].legend()
         fig.tight_layout()
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.out, dpi=100)
