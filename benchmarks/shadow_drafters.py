@@ -28,6 +28,8 @@ import json
 import statistics
 from pathlib import Path
 
+from rl_exactness import signflip_p  # a sibling script: paired sign-flip p-value
+
 FIELDS = ("acceptance_length", "tokens_per_iter", "gen_rate_speedup", "reward")
 
 
@@ -52,19 +54,6 @@ def series(lines: list[dict], own: str) -> dict[str, dict[int, dict[str, float]]
                 _, name, field = key.split("/")
                 out.setdefault(name, {}).setdefault(s, {})[field] = v
     return out
-
-
-def signflip_p(d: list[float], n: int = 20000) -> float:
-    """Two-sided paired sign-flip p-value of mean(d) = 0 (seeded, `n` random flips)."""
-    import torch
-
-    x = torch.tensor(d, dtype=torch.float64)
-    if not bool(x.any()):
-        return 1.0
-    g = torch.Generator().manual_seed(0)
-    signs = torch.randint(0, 2, (n, len(x)), generator=g).double() * 2 - 1
-    null = (signs * x).mean(1).abs()
-    return float(((null >= x.mean().abs() - 1e-12).sum() + 1) / (n + 1))
 
 
 def acceptance(
@@ -140,7 +129,7 @@ def main() -> None:
                 reward_p[name] = {
                     "steps": len(pairs),
                     "mean_diff": round(statistics.mean(a - b for a, b in pairs), 4),
-                    "signflip_p": round(signflip_p([a - b for a, b in pairs]), 4),
+                    "signflip_p": round(signflip_p(*map(list, zip(*pairs, strict=True))), 4),
                 }
     others = [n for n in data if n not in (own, "plain")]
     best_every = None
