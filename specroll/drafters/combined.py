@@ -309,7 +309,6 @@ class CombinedDrafter(Drafter):
                 if "history" not in est[path]:  # the walk went on through the network's
                     gained += len(kept) - 1 - depth  # candidate: what followed is its
                     break
-        d = self.config.decay
         self.tokens = _avg(self.tokens, tokens / len(rows), d)
         if drafted:  # what the network's candidates brought, measured when it ran
             self.gain = _avg(self.gain, gained / len(rows), d)

@@ -91,13 +91,11 @@ def step_metrics(
     return m
 
 
-def shadow_metrics(
-    others: dict, plain_run: tuple[float, int], rewards: dict[str, float] | None = None
-) -> dict:
+def shadow_metrics(others: dict, plain_run: tuple[float, int], rewards: dict[str, float]) -> dict:
     """`shadow/<drafter>/...` of the step's shadow drafters ({drafter: (seconds, results)},
     `window.shadow_drafters`) against the plain shadow run (seconds, tokens): each one's
-    token-rate speed-up, acceptance length, tokens per row-iteration and (from `rewards`,
-    {drafter: mean reward of its samples}) reward."""
+    token-rate speed-up, acceptance length, tokens per row-iteration and reward (`rewards`:
+    {drafter: mean reward of its samples})."""
     shadow_s, shadow_tok = plain_run
     m = {}
     for name, (seconds, results) in sorted(others.items()):
@@ -109,8 +107,7 @@ def shadow_metrics(
         m[f"shadow/{name}/tokens_per_iter"] = round(spec.tokens_per_forward, 4)
         m[f"shadow/{name}/gen_s"] = round(seconds, 3)
         m[f"shadow/{name}/tau_at"] = tau_table(spec)
-        if rewards and name in rewards:
-            m[f"shadow/{name}/reward"] = round(rewards[name], 4)
+        m[f"shadow/{name}/reward"] = round(rewards[name], 4)
     return m
 
 
