@@ -9,6 +9,7 @@ Prints a final JSON line.
 
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -55,6 +56,7 @@ def main() -> None:
             eng.generate(reqs)
             if rep:  # the first round warms up
                 times[name].append(time.perf_counter() - t)
+            print(f"round {rep + 1}/4 {name}: done", file=sys.stderr, flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {
         "bench": "idle_overhead",

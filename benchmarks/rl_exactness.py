@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 
@@ -108,6 +109,10 @@ def main() -> None:
     ap.add_argument("--drafter", default="draft", help="rollout.drafter of the speculative arm")
     ap.add_argument("--pool", type=int, default=0, help="data.pool (0: fresh prompts each step)")
     args = ap.parse_args()
+    try:  # a bad --drafter / --pool: one line now, not a traceback after the first run
+        build_config("tiny", [f"rollout.drafter={args.drafter}", f"data.pool={args.pool}"])
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     torch.set_num_threads(2)
     t0 = time.time()
     arms = {True: [], False: []}
@@ -117,6 +122,8 @@ def main() -> None:
                 arms[spec].append(
                     run(seed, spec, args.steps, f"{tmp}/{seed}-{spec}", args.drafter, args.pool)
                 )
+                arm = "speculative" if spec else "plain"
+                print(f"seed {seed} {arm}: {args.steps} steps done", file=sys.stderr, flush=True)
     pooled = {s: [x for r in arms[s] for x in r["lengths"]] for s in arms}
     len_p = perm_p([float(x) for x in pooled[True]], [float(x) for x in pooled[False]])
     per = {

@@ -88,6 +88,8 @@ def main() -> None:
     path = root / "run" / "metrics.jsonl"
     if not path.is_file():
         path = root / "metrics.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{root}: no metrics.jsonl (give a run's out_dir)")
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     cfg_path = path.parent / "config.json"
     own, kind = "run", "eagle3"

@@ -58,9 +58,16 @@ def main() -> None:
     ap.add_argument("--profiles", default="", help="profile directory (default: the cache)")
     args = ap.parse_args()
     root = Path(args.run)
+    for f in (root / "metrics.jsonl", root / "config.json", Path(args.acceptance)):
+        if not f.is_file():
+            raise SystemExit(f"{f}: no such file")
     lines = [json.loads(x) for x in (root / "metrics.jsonl").read_text().splitlines() if x]
     cfg = json.loads((root / "config.json").read_text())
-    acc = json.loads(Path(args.acceptance).read_text())[args.phase]
+    phases = json.loads(Path(args.acceptance).read_text())
+    if not isinstance(phases.get(args.phase), dict):
+        have = [p for p, v in phases.items() if isinstance(v, dict) and p != "draft_ms"]
+        raise SystemExit(f"--phase {args.phase}: not in {args.acceptance} (it has {have})")
+    acc = phases[args.phase]
     kind = cfg["draft"]["kind"]
     own = cfg["rollout"]["drafter"].replace("draft", kind)
     where = Path(args.profiles) if args.profiles else home() / "profiles"
