@@ -96,6 +96,30 @@ def test_greedy_combined_drafts_are_token_identical_to_plain(target, budget):
     assert drafter.use_chain(2) == (chain == 0)  # tried while unmeasured, then the better
 
 
+def test_the_small_budget_choice_is_per_second_not_per_token(target):
+    """The chain keeps more tokens at a budget of 1, but its network forwards make its
+    iterations dearer than the history tree's: per second the tree wins (on a CPU the
+    chain's forwards cost a sixth of an iteration here), and the chain again once its
+    proposals are cheap. Both timed by the engine's iterations too."""
+    drafter = _combined(target)
+    drafter.small = {"chain": [1.36, 1.5], "tree": [1.19, 1.3]}
+    assert drafter.use_chain(1)  # untimed: tokens per row alone
+    drafter.small_s = {"chain": 0.008, "tree": 0.0005, "rest": 0.028}
+    assert not drafter.use_chain(1)  # 1.36 / 36 ms < 1.19 / 28.5 ms
+    drafter.small_s["chain"] = 0.002
+    assert drafter.use_chain(1)  # 1.36 / 30 ms > 1.19 / 28.5 ms
+    reqs = [
+        Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(), seed=i))
+        for i in range(4)
+    ]
+    fresh = _combined(target)
+    Engine(target, EngineConfig(max_batch=4), fresh, FixedDepth(2)).generate(reqs)
+    assert all(v > 0 for v in fresh.small_s.values()), fresh.small_s
+    restored = _combined(target)
+    restored.load_state_dict(fresh.state_dict())
+    assert restored.small_s == fresh.small_s
+
+
 def _sources(drafter: CombinedDrafter) -> dict[str, int]:
     """How many of the last proposal's nodes each source backed."""
     n = {"history": 0, "draft": 0}

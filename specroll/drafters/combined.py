@@ -24,8 +24,11 @@ keeps more of a draft than deterministic candidates keep of the same count, when
 network predicts well; when history does (recurring prompts) its top candidates keep
 far more. Which one, is measured: each one's tokens per row at each small budget (a
 tree's for every budget up to the one it was verified at, from the index of the nodes
-on the accepted path), the better one drafted and the other probed every `probe_every`
-such iterations. So the drafter picks itself, from running statistics: per row, a row whose
+on the accepted path) over the seconds of an iteration drafting it (the kind's own
+proposal time plus the rest of a small-budget iteration, which both share: the chain
+runs the network once per token, a history tree builds a trie on the host), the faster
+one drafted and the other probed every `probe_every` such iterations.
+So the drafter picks itself, from running statistics: per row, a row whose
 history matches well gets history's continuations, a row without matches the draft's,
 rows in between a mix; per iteration, whether the network runs at all — only while the
 share of the tokens its candidates alone brought is at least the share of the
@@ -70,10 +73,11 @@ class CombinedConfig:
     of its tokens), run it anyway every this many iterations to measure it again."""
     chain_up_to: int = 2
     """Budgets of at most this many nodes may draft the network's *sampled* chain
-    instead, while it measures more tokens per row there than the tree (the q-ratio test
-    keeps more of a draft than deterministic candidates do: tau(1) 1.34 against 1.26,
-    SmolLM2 math at T = 1, batch 32, one epoch; with prompts recurring, history's top
-    candidate keeps more: 1.78 against 1.35 in an RL run); 0 = always a tree."""
+    instead, while it measures more tokens per row per second there than the tree (the
+    q-ratio test keeps more of a draft than deterministic candidates do: tau(1) 1.34
+    against 1.26, SmolLM2 math at T = 1, batch 32, one epoch; but each of its tokens
+    costs a network forward, and where history predicts well its top candidates keep
+    more); 0 = always a tree."""
 
     def __post_init__(self) -> None:
         for name in ("draft_depth", "draft_width"):
@@ -120,6 +124,9 @@ class CombinedDrafter(Drafter):
         # small budgets: decayed tokens per row the chain / the tree gave at budget m
         # (index m - 1), the last small iteration's kind and budget, and a probe clock
         self.small = {kind: [0.0] * self.config.chain_up_to for kind in ("chain", "tree")}
+        # ... and their seconds: each kind's proposal, the rest of such an iteration
+        self.small_s = {"chain": 0.0, "tree": 0.0, "rest": 0.0}
+        self._t_proposed: tuple[str, float, float] | None = None  # kind, its s, end time
         self._chain_k = self._tree_k = 0
         self._small_iters = 0
         self._fresh = False  # proposed this iteration (commit learns only then)
@@ -147,11 +154,15 @@ class CombinedDrafter(Drafter):
 
     def use_chain(self, k: int) -> bool:
         """Draft the sampled chain at a budget of k <= `chain_up_to`? Yes while it has
-        given more tokens per row there than the tree (each tried first while unmeasured;
-        the loser probed every `probe_every` iterations)."""
+        given more tokens per row per second there than the tree (tokens alone until both
+        are timed; each tried first while unmeasured; the loser probed every
+        `probe_every` iterations)."""
         chain, tree = self.small["chain"][k - 1], self.small["tree"][k - 1]
         if chain == 0 or tree == 0:
             return chain == 0
+        t = self.small_s
+        if t["chain"] > 0 and t["tree"] > 0:  # per second: the iteration both kinds share
+            chain, tree = chain / (t["rest"] + t["chain"]), tree / (t["rest"] + t["tree"])
         self._small_iters += 1
         probe = self._small_iters % self.config.probe_every == 0
         return (chain > tree) != probe
@@ -174,6 +185,7 @@ class CombinedDrafter(Drafter):
             "predicted": dict(self.predicted),
             "network": [self.gain, self.tokens, self.cost, self.period, self._skipped],
             "small": {kind: list(v) for kind, v in self.small.items()},
+            "small_s": dict(self.small_s),
             "small_iters": self._small_iters,
         }
 
@@ -186,6 +198,8 @@ class CombinedDrafter(Drafter):
             n = self.config.chain_up_to
             self.small = {kind: (list(v) + [0.0] * n)[:n] for kind, v in state["small"].items()}
             self._small_iters = int(state["small_iters"])
+        if "small_s" in state:  # ... and before it was timed
+            self.small_s = dict(state["small_s"])
 
     # the engine's hooks: both sources follow every row ---------------------------------
     def start(self, num_slots: int, max_len: int) -> None:
@@ -204,6 +218,12 @@ class CombinedDrafter(Drafter):
         self._fresh = False
         self.history.commit(B, pos_before, num_new, hidden, history)
         self.draft.commit(B, pos_before, num_new, hidden, history)
+        if self._t_proposed is not None:  # a small budget's iteration: time its parts
+            kind, proposing, end = self._t_proposed
+            d, t = self.config.decay, self.small_s
+            t[kind] = _avg(t[kind], proposing, d)
+            t["rest"] = _avg(t["rest"], time.perf_counter() - end, d)
+            self._t_proposed = None
 
     def release(self, slot: int, generated: int) -> None:
         self.history.release(slot, generated)
@@ -220,13 +240,27 @@ class CombinedDrafter(Drafter):
 
     # proposing -------------------------------------------------------------------------
     def propose(self, batch: DraftBatch) -> Proposal:
+        t0 = time.perf_counter()
+        k = batch.k
+        chain = 0 < k <= self.config.chain_up_to and self.use_chain(k)  # measured faster
+        out = self._chain(batch) if chain else self._tree(batch)
+        if 0 < k <= self.config.chain_up_to:
+            end = time.perf_counter()
+            self._t_proposed = ("chain" if chain else "tree", end - t0, end)
+        return out
+
+    def _chain(self, batch: DraftBatch) -> Proposal:
+        """The network's sampled chain of batch.k tokens."""
+        B = batch.last.shape[0]
+        self._chain_k, self._tree_k, self._fresh = batch.k, 0, True
+        self._proposed[:B] = [None] * B
+        return self.draft.propose(batch)
+
+    def _tree(self, batch: DraftBatch) -> Proposal:
+        """The merged tree of batch.k nodes per row (module docstring)."""
         B, k = batch.last.shape[0], batch.k
         cfg, hcfg = self.config, self.history.config
         self._chain_k, self._tree_k, self._fresh = 0, k, True
-        if 0 < k <= cfg.chain_up_to and self.use_chain(k):  # measured to keep more here
-            self._proposed[:B] = [None] * B
-            self._chain_k = k
-            return self.draft.propose(batch)
         caps = batch.num_draft.tolist()
         depth = min(cfg.draft_depth, k, max(caps, default=0))
         drafted, now = None, time.perf_counter()
