@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -118,6 +121,33 @@ def test_the_small_budget_choice_is_per_second_not_per_token(target):
     restored = _combined(target)
     restored.load_state_dict(fresh.state_dict())
     assert restored.small_s == fresh.small_s
+
+
+def test_the_network_is_charged_its_steady_feed_not_a_catch_up(target):
+    """The network is fed lazily: after iterations that skipped it, one forward runs
+    every pair since. That one-off is not what the network costs when used, so it is
+    charged what feeding one iteration's pairs costs — measured in a generate that fed
+    it every iteration — and a feed is charged as it came only before any such."""
+    reqs = [
+        Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(), seed=i))
+        for i in range(4)
+    ]
+    drafter = _combined(target)
+    Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(2)).generate(reqs)
+    steady = drafter.feed_s
+    assert steady > 0
+    batch = SimpleNamespace(last=torch.zeros(4, dtype=torch.long), history=None)
+
+    def catch_up(seconds: float, pairs: int):
+        return lambda B, history: (time.sleep(seconds), pairs)[1]
+
+    drafter.draft.catch_up = catch_up(0.05, 500)  # whole prompts pending
+    assert drafter._feed_network(batch) == steady
+    fresh = _combined(target)
+    fresh.draft.catch_up = catch_up(0.05, 500)
+    assert fresh._feed_network(batch) >= 0.05  # nothing steady measured yet: as it came
+    fresh.draft.catch_up = catch_up(0.0, 2)
+    assert fresh._feed_network(batch) < 0.05 and fresh.feed_s > 0
 
 
 def _sources(drafter: CombinedDrafter) -> dict[str, int]:

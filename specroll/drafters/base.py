@@ -191,17 +191,21 @@ class FeatureDrafter(Drafter):
         self.feats[rows[r], (first[r] + c).clamp(max=self.max_len - 1)] = feats[r, c]
         self.dpos[rows] = first + counts
 
-    def _catch_up(self, B: int, history: torch.Tensor) -> None:
+    @torch.inference_mode()
+    def catch_up(self, B: int, history: torch.Tensor) -> int:
         """Run the draft over every pending pair of rows 0..B-1: one batched forward, or
-        one per lagging row when a common width would overrun the cache."""
+        one per lagging row when a common width would overrun the cache. Returns the
+        most pairs a row had pending (0: nothing to run)."""
         pending = self.dpos[:B] - self.fed[:B]
-        if not bool((pending > 0).any()):
-            return
-        if int(self.fed[:B].max() + pending.max()) <= min(self.max_len, history.shape[1]) - 1:
+        most = int(pending.max()) if B else 0
+        if most <= 0:
+            return 0
+        if int(self.fed[:B].max()) + most <= min(self.max_len, history.shape[1]) - 1:
             self._feed(0, B, history)
         else:
             for b in (pending > 0).nonzero().flatten().tolist():
                 self._feed(b, b + 1, history)
+        return most
 
     def _feed(self, lo: int, hi: int, history: torch.Tensor) -> None:
         rows = torch.arange(lo, hi, device=self.device)
@@ -243,7 +247,7 @@ class FeatureDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
         B, k = batch.last.shape[0], batch.k
-        self._catch_up(B, batch.history)
+        self.catch_up(B, batch.history)
         logits, state = self.next_logits[:B], self.next_state[:B]
         tokens, probs = [], []
         for i in range(k):
@@ -265,7 +269,7 @@ class FeatureDrafter(Drafter):
         positions → (tokens [B, depth, width], q of each [B, depth, width]); column 0 is
         the path. Nothing is sampled: a tree's candidates are never the rows' draws."""
         B = batch.last.shape[0]
-        self._catch_up(B, batch.history)
+        self.catch_up(B, batch.history)
         logits, state = self.next_logits[:B], self.next_state[:B]
         tokens, probs = [], []
         for i in range(depth):

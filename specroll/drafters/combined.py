@@ -127,7 +127,9 @@ class CombinedDrafter(Drafter):
         # ... and their seconds: each kind's proposal, the rest of such an iteration
         self.small_s = {"chain": 0.0, "tree": 0.0, "rest": 0.0}
         self._t_proposed: tuple[str, float, float] | None = None  # kind, its s, end time
+        self.feed_s = 0.0  # decayed seconds of feeding the network one iteration's pairs
         self._chain_k = self._tree_k = 0
+        self._feed = self._fed_s = 0.0  # this proposal's feed: as charged, as it took
         self._small_iters = 0
         self._fresh = False  # proposed this iteration (commit learns only then)
 
@@ -167,6 +169,21 @@ class CombinedDrafter(Drafter):
         probe = self._small_iters % self.config.probe_every == 0
         return (chain > tree) != probe
 
+    def _feed_network(self, batch: DraftBatch) -> float:
+        """Feed the network the rows' pending pairs (`FeatureDrafter.catch_up`) and return
+        what feeding costs per iteration when it runs every iteration: the network is
+        fed lazily, so after iterations that skipped it one forward runs every pair
+        since — whole prompts, at first. Charged to the proposal that follows, that
+        one-off would price the network at what it costs when it is *not* used, and keep
+        it unused; so only feeds of at most one iteration's pairs are timed (until one
+        is, the feed is charged as it came)."""
+        t = time.perf_counter()
+        most = self.draft.catch_up(batch.last.shape[0], batch.history)
+        seconds = time.perf_counter() - t
+        if 0 < most <= self.config.draft_depth + 1:  # the pairs one iteration adds
+            self.feed_s = _avg(self.feed_s, seconds, self.config.decay)
+        return self.feed_s if self.feed_s > 0 else seconds
+
     def calibration(self, source: str) -> float:
         """Taken / predicted for `source`'s candidates (1 before any evidence)."""
         a = self.config.prior
@@ -186,6 +203,7 @@ class CombinedDrafter(Drafter):
             "network": [self.gain, self.tokens, self.cost, self.period, self._skipped],
             "small": {kind: list(v) for kind, v in self.small.items()},
             "small_s": dict(self.small_s),
+            "feed_s": self.feed_s,
             "small_iters": self._small_iters,
         }
 
@@ -200,6 +218,7 @@ class CombinedDrafter(Drafter):
             self._small_iters = int(state["small_iters"])
         if "small_s" in state:  # ... and before it was timed
             self.small_s = dict(state["small_s"])
+            self.feed_s = float(state["feed_s"])
 
     # the engine's hooks: both sources follow every row ---------------------------------
     def start(self, num_slots: int, max_len: int) -> None:
@@ -240,13 +259,15 @@ class CombinedDrafter(Drafter):
 
     # proposing -------------------------------------------------------------------------
     def propose(self, batch: DraftBatch) -> Proposal:
-        t0 = time.perf_counter()
         k = batch.k
+        self._feed = 0.0  # the network's feeding, as charged (`_feed_network`)
         chain = 0 < k <= self.config.chain_up_to and self.use_chain(k)  # measured faster
+        t0 = time.perf_counter()
         out = self._chain(batch) if chain else self._tree(batch)
         if 0 < k <= self.config.chain_up_to:
             end = time.perf_counter()
-            self._t_proposed = ("chain" if chain else "tree", end - t0, end)
+            spent = end - t0 - self._fed_s + self._feed  # the feed as charged
+            self._t_proposed = ("chain" if chain else "tree", spent, end)
         return out
 
     def _chain(self, batch: DraftBatch) -> Proposal:
@@ -254,6 +275,9 @@ class CombinedDrafter(Drafter):
         B = batch.last.shape[0]
         self._chain_k, self._tree_k, self._fresh = batch.k, 0, True
         self._proposed[:B] = [None] * B
+        t = time.perf_counter()
+        self._feed = self._feed_network(batch)
+        self._fed_s = time.perf_counter() - t
         return self.draft.propose(batch)
 
     def _tree(self, batch: DraftBatch) -> Proposal:
@@ -267,11 +291,15 @@ class CombinedDrafter(Drafter):
         if self._last_t is not None:  # one engine iteration since the last proposal
             self.period = _avg(self.period, now - self._last_t, cfg.decay)
         self._last_t = now
+        self._fed_s = 0.0
         if depth > 0 and self.draft_pays():
             width = min(cfg.draft_width, k)
+            self._feed = self._feed_network(batch)
+            self._fed_s = time.perf_counter() - now
             toks, probs = self.draft.candidates(batch, depth, width)  # [B, depth, width]
             drafted = (toks.tolist(), probs.tolist())
-            self.cost = _avg(self.cost, time.perf_counter() - now, cfg.decay)
+            spent = time.perf_counter() - now - self._fed_s + self._feed
+            self.cost = _avg(self.cost, spent, cfg.decay)
         c = {s: self.calibration(s) for s in SOURCES}
         tokens = [[0] * k for _ in range(B)]
         parents = [list(range(k)) for _ in range(B)]
