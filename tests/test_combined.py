@@ -142,12 +142,12 @@ def test_the_network_is_charged_its_steady_feed_not_a_catch_up(target):
         return lambda B, history: (time.sleep(seconds), pairs)[1]
 
     drafter.draft.catch_up = catch_up(0.05, 500)  # whole prompts pending
-    assert drafter._feed_network(batch) == steady
+    assert drafter._feed_network(batch)[0] == steady
     fresh = _combined(target)
     fresh.draft.catch_up = catch_up(0.05, 500)
-    assert fresh._feed_network(batch) >= 0.05  # nothing steady measured yet: as it came
+    assert fresh._feed_network(batch)[0] >= 0.05  # nothing steady measured yet: as it came
     fresh.draft.catch_up = catch_up(0.0, 2)
-    assert fresh._feed_network(batch) < 0.05 and fresh.feed_s > 0
+    assert fresh._feed_network(batch)[0] < 0.05 and fresh.feed_s > 0
 
 
 def _sources(drafter: CombinedDrafter) -> dict[str, int]:

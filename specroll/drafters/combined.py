@@ -129,7 +129,6 @@ class CombinedDrafter(Drafter):
         self._t_proposed: tuple[str, float, float] | None = None  # kind, its s, end time
         self.feed_s = 0.0  # decayed seconds of feeding the network one iteration's pairs
         self._chain_k = self._tree_k = 0
-        self._feed = self._fed_s = 0.0  # this proposal's feed: as charged, as it took
         self._small_iters = 0
         self._fresh = False  # proposed this iteration (commit learns only then)
 
@@ -169,20 +168,21 @@ class CombinedDrafter(Drafter):
         probe = self._small_iters % self.config.probe_every == 0
         return (chain > tree) != probe
 
-    def _feed_network(self, batch: DraftBatch) -> float:
-        """Feed the network the rows' pending pairs (`FeatureDrafter.catch_up`) and return
-        what feeding costs per iteration when it runs every iteration: the network is
-        fed lazily, so after iterations that skipped it one forward runs every pair
-        since — whole prompts, at first. Charged to the proposal that follows, that
-        one-off would price the network at what it costs when it is *not* used, and keep
-        it unused; so only feeds of at most one iteration's pairs are timed (until one
-        is, the feed is charged as it came)."""
+    def _feed_network(self, batch: DraftBatch) -> tuple[float, float]:
+        """Feed the network the rows' pending pairs (`FeatureDrafter.catch_up`) → (the
+        seconds to charge the proposal: what feeding costs per iteration when it runs
+        every iteration; the seconds it took). The network is fed lazily, so after
+        iterations that skipped it one forward runs every pair since — whole prompts, at
+        first. Charged to the proposal that follows, that one-off would price
+        the network at what it costs when it is *not* used, and keep it unused; so only
+        feeds of at most one iteration's pairs are timed (until one is, the feed is
+        charged as it came)."""
         t = time.perf_counter()
         most = self.draft.catch_up(batch.last.shape[0], batch.history)
         seconds = time.perf_counter() - t
         if 0 < most <= self.config.draft_depth + 1:  # the pairs one iteration adds
             self.feed_s = _avg(self.feed_s, seconds, self.config.decay)
-        return self.feed_s if self.feed_s > 0 else seconds
+        return (self.feed_s if self.feed_s > 0 else seconds), seconds
 
     def calibration(self, source: str) -> float:
         """Taken / predicted for `source`'s candidates (1 before any evidence)."""
@@ -218,7 +218,7 @@ class CombinedDrafter(Drafter):
             self._small_iters = int(state["small_iters"])
         if "small_s" in state:  # ... and before it was timed
             self.small_s = dict(state["small_s"])
-            self.feed_s = float(state["feed_s"])
+            self.feed_s = float(state.get("feed_s", 0.0))  # timed since small_s
 
     # the engine's hooks: both sources follow every row ---------------------------------
     def start(self, num_slots: int, max_len: int) -> None:
@@ -260,28 +260,26 @@ class CombinedDrafter(Drafter):
     # proposing -------------------------------------------------------------------------
     def propose(self, batch: DraftBatch) -> Proposal:
         k = batch.k
-        self._feed = 0.0  # the network's feeding, as charged (`_feed_network`)
         chain = 0 < k <= self.config.chain_up_to and self.use_chain(k)  # measured faster
         t0 = time.perf_counter()
-        out = self._chain(batch) if chain else self._tree(batch)
+        out, uncharged = self._chain(batch) if chain else self._tree(batch)
         if 0 < k <= self.config.chain_up_to:
             end = time.perf_counter()
-            spent = end - t0 - self._fed_s + self._feed  # the feed as charged
-            self._t_proposed = ("chain" if chain else "tree", spent, end)
+            self._t_proposed = ("chain" if chain else "tree", end - t0 - uncharged, end)
         return out
 
-    def _chain(self, batch: DraftBatch) -> Proposal:
-        """The network's sampled chain of batch.k tokens."""
+    def _chain(self, batch: DraftBatch) -> tuple[Proposal, float]:
+        """The network's sampled chain of batch.k tokens, and the feed's seconds not to
+        charge it (`_feed_network`)."""
         B = batch.last.shape[0]
         self._chain_k, self._tree_k, self._fresh = batch.k, 0, True
         self._proposed[:B] = [None] * B
-        t = time.perf_counter()
-        self._feed = self._feed_network(batch)
-        self._fed_s = time.perf_counter() - t
-        return self.draft.propose(batch)
+        charged, took = self._feed_network(batch)
+        return self.draft.propose(batch), took - charged
 
-    def _tree(self, batch: DraftBatch) -> Proposal:
-        """The merged tree of batch.k nodes per row (module docstring)."""
+    def _tree(self, batch: DraftBatch) -> tuple[Proposal, float]:
+        """The merged tree of batch.k nodes per row (module docstring), and the network
+        feed's seconds not to charge it (`_feed_network`)."""
         B, k = batch.last.shape[0], batch.k
         cfg, hcfg = self.config, self.history.config
         self._chain_k, self._tree_k, self._fresh = 0, k, True
@@ -291,14 +289,14 @@ class CombinedDrafter(Drafter):
         if self._last_t is not None:  # one engine iteration since the last proposal
             self.period = _avg(self.period, now - self._last_t, cfg.decay)
         self._last_t = now
-        self._fed_s = 0.0
+        uncharged = 0.0
         if depth > 0 and self.draft_pays():
             width = min(cfg.draft_width, k)
-            self._feed = self._feed_network(batch)
-            self._fed_s = time.perf_counter() - now
+            charged, took = self._feed_network(batch)
+            uncharged = took - charged
             toks, probs = self.draft.candidates(batch, depth, width)  # [B, depth, width]
             drafted = (toks.tolist(), probs.tolist())
-            spent = time.perf_counter() - now - self._fed_s + self._feed
+            spent = time.perf_counter() - now - uncharged
             self.cost = _avg(self.cost, spent, cfg.decay)
         c = {s: self.calibration(s) for s in SOURCES}
         tokens = [[0] * k for _ in range(B)]
@@ -323,12 +321,13 @@ class CombinedDrafter(Drafter):
             self._proposed[b] = {node: est[node] for node in chosen}
         width = max(lengths, default=0)  # as wide as the fullest row (see history)
         long = dict(dtype=torch.long, device=batch.last.device)
-        return Proposal(
+        proposal = Proposal(
             tokens=torch.tensor([t[:width] for t in tokens], **long).view(B, width),
             probs=None,
             lengths=torch.tensor(lengths, **long),
             parents=torch.tensor([p[:width] for p in parents], **long).view(B, width),
         )
+        return proposal, uncharged
 
     def _learn(self, B: int, pos_before, num_new, history: torch.Tensor) -> None:
         """Calibrate each source on the candidates the walk reached this iteration: the
