@@ -53,11 +53,22 @@ def main() -> None:
         sys.exit(f"error: {args.run} is not a run directory with a checkpoint")
     if args.repeats < 1:
         sys.exit(f"error: --repeats must be >= 1, got {args.repeats}")
+    problem = checkpoint.damage(ckpt)
+    if problem:
+        sys.exit(f"error: checkpoint {ckpt}: {problem}")
+    names = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    if not names:
+        sys.exit("error: --drafters names no drafter")
     torch.set_num_threads(2)
     raw = json.loads((args.run / "config.json").read_text())
     raw["pipeline"]["out_dir"] = str(args.run)  # read only: nothing is written there
+    # the drafters checked as the run's shadow drafters would be (names, parts, kind)
+    shadows = {"shadow_drafters": names, "shadow_every": 1, "max_lag": 0}
+    try:
+        from_dict({**raw, "pipeline": {**raw["pipeline"], **shadows}})
+    except ValueError as e:
+        sys.exit(f"error: --drafters: {e}")
     cfg = from_dict(raw)
-    names = [d.strip() for d in args.drafters.split(",") if d.strip()]
     path = common.resolve_model_dir(cfg.policy.model)
     policy, tok = common.load_dir(path)
     draft = build_draft(cfg, policy, tok, path)

@@ -129,6 +129,15 @@ def test_rollout_drafter_settings_are_checked():
     assert build_config("tiny", ["draft.kind=mtp", "rollout.drafter=history+draft"])
     with pytest.raises(ValueError, match=r"shadow_drafters: history drafts from sources"):
         build_config("tiny", ["pipeline.shadow_every=1", "pipeline.shadow_drafters=[history]"])
+    with pytest.raises(ValueError, match=r"shadow_drafters: mtp names a network of another"):
+        build_config(  # the run's network is EAGLE-3: an 'mtp' shadow would be it, mislabelled
+            "tiny",
+            [
+                "rollout.drafter=history+draft",
+                "pipeline.shadow_every=1",
+                "pipeline.shadow_drafters=[mtp]",
+            ],
+        )
     with pytest.raises(ValueError, match=r"shadow_drafters needs pipeline.shadow_every > 0"):
         build_config("tiny", ["rollout.drafter=history+draft", "pipeline.shadow_drafters=[draft]"])
     with pytest.raises(ValueError, match=r"rollout.nodes must be >= 1"):

@@ -345,6 +345,11 @@ class TrainConfig:
                 f"rollout.drafter={d} does not keep (its history, its network); with "
                 f"rollout.drafter=history+draft any of history, draft can be compared",
             )
+            check(  # the network it would run is the run's, of draft.kind
+                name.removeprefix("history+") in ("history", "draft", self.draft.kind),
+                f"pipeline.shadow_drafters: {name} names a network of another kind than "
+                f"draft.kind={self.draft.kind}",
+            )
         if self.pipeline.shadow_drafters:
             check(
                 self.pipeline.shadow_every > 0 and self.rollout.backend == "local",
