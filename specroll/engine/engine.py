@@ -43,6 +43,7 @@ import torch
 from specroll.drafters.base import DraftBatch, Drafter, Proposal
 from specroll.engine import tree_step
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
+from specroll.engine.heap import young_heap_only
 from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
 from specroll.engine.slots import Slots
 from specroll.model.kv_cache import KVCache
@@ -181,40 +182,42 @@ class Engine:
         self.stats = SpecStats()
         versions = (self.policy_version, None if self.drafter is None else self.drafter.version)
 
-        t0 = time.perf_counter()
-        first_token = [0.0] * len(requests)
-        results: list[Result | None] = [None] * len(requests)
-        queue = deque(range(len(requests)))
-        B = 0
-        while queue or B:
-            if queue and n_slots > B:
-                new = [queue.popleft() for _ in range(min(n_slots - B, len(queue)))]
-                for i, j in enumerate(new):
-                    st.admit(B + i, requests[j].params, j, seeds[j], stops[j])
-                self._prefill(st, B, [requests[j].prompt_ids for j in new])
-                now = time.perf_counter() - t0
-                for j in new:
-                    first_token[j] = now
-                stepped = len(new)
-                B += len(new)
-            else:
-                stepped = self._step(st, B, ctx)
-            done = st.finished(B)
-            for b in sorted(done, reverse=True):
-                j = st.request[b]
-                results[j] = st.result(b, requests[j], seeds[j], done[b], versions)
-                if self.drafter is not None:
-                    self.drafter.release(b, len(results[j].token_ids))
-                results[j].first_token_s = first_token[j]
-                results[j].latency_s = time.perf_counter() - t0
-                B -= 1
-                if b != B:  # compact: the last active row takes the freed slot
-                    self.cache.move(B, b, st.pos_host[B])
-                    st.move(B, b)
+        # collection passes inside the loop skip the long-lived heap (`engine.heap`)
+        with young_heap_only():
+            t0 = time.perf_counter()
+            first_token = [0.0] * len(requests)
+            results: list[Result | None] = [None] * len(requests)
+            queue = deque(range(len(requests)))
+            B = 0
+            while queue or B:
+                if queue and n_slots > B:
+                    new = [queue.popleft() for _ in range(min(n_slots - B, len(queue)))]
+                    for i, j in enumerate(new):
+                        st.admit(B + i, requests[j].params, j, seeds[j], stops[j])
+                    self._prefill(st, B, [requests[j].prompt_ids for j in new])
+                    now = time.perf_counter() - t0
+                    for j in new:
+                        first_token[j] = now
+                    stepped = len(new)
+                    B += len(new)
+                else:
+                    stepped = self._step(st, B, ctx)
+                done = st.finished(B)
+                for b in sorted(done, reverse=True):
+                    j = st.request[b]
+                    results[j] = st.result(b, requests[j], seeds[j], done[b], versions)
                     if self.drafter is not None:
-                        self.drafter.move(B, b)
-            if on_progress is not None:
-                on_progress(stepped, len(done))
+                        self.drafter.release(b, len(results[j].token_ids))
+                    results[j].first_token_s = first_token[j]
+                    results[j].latency_s = time.perf_counter() - t0
+                    B -= 1
+                    if b != B:  # compact: the last active row takes the freed slot
+                        self.cache.move(B, b, st.pos_host[B])
+                        st.move(B, b)
+                        if self.drafter is not None:
+                            self.drafter.move(B, b)
+                if on_progress is not None:
+                    on_progress(stepped, len(done))
         self.stats.total_s = time.perf_counter() - t0
         return Results(results, self.stats)  # type: ignore[arg-type]
 
