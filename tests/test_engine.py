@@ -294,3 +294,12 @@ def test_collection_passes_while_generating_skip_the_heap_and_nothing_leaks(tiny
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert not any(isinstance(o, Cycle) for o in gc.get_objects())
+
+    # an application's own frozen heap is left frozen
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        Engine(tiny_model, EngineConfig(max_batch=2)).generate([Request([1, 2, 3], params)])
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()

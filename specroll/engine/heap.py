@@ -23,20 +23,27 @@ from contextlib import contextmanager
 
 _lock = threading.Lock()
 _depth = 0  # nested or concurrent generate calls: the last one out unfreezes
+_froze = False  # whether the outermost call froze (and so may unfreeze) the heap
 
 
 @contextmanager
 def young_heap_only() -> Iterator[None]:
-    """Inside the block, garbage collection passes see only objects made in it."""
-    global _depth
+    """Inside the block, garbage collection passes see only objects made in it. A heap
+    someone else froze (an application's own `gc.freeze()` at start-up, as vLLM does)
+    or a disabled collector is left as it is: `gc.unfreeze` cannot tell their frozen
+    objects from ours."""
+    global _depth, _froze
     with _lock:
         _depth += 1
-        if _depth == 1 and gc.isenabled():
-            gc.freeze()
+        if _depth == 1:
+            _froze = gc.isenabled() and gc.get_freeze_count() == 0
+            if _froze:
+                gc.freeze()
     try:
         yield
     finally:
         with _lock:
             _depth -= 1
-            if _depth == 0:
+            if _depth == 0 and _froze:
                 gc.unfreeze()
+                _froze = False
