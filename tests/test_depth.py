@@ -117,7 +117,7 @@ def test_adaptive_probes_again_after_an_unlucky_start():
     """A few early rejections push the estimate below break-even; without evidence the
     counts relax to the prior, so drafting is tried again (and then kept, if it pays)."""
     cm = CostModel(fixed=0.01, per_token=1e-3, knee=1, draft_step=1e-3)  # k=1 pays if a > 0.2
-    d = AdaptiveDepth(cm, k_max=1, prior=0.5, prior_weight=4.0, decay=0.95)
+    d = AdaptiveDepth(cm, k_max=1, prior=0.5, prior_weight=4.0, decay=0.95, relax=0.95)
     assert [step(d, 1), step(d, 1)] == [0, 1]  # plain measured first; the prior says draft
     for _ in range(20):  # unlucky: a run of rejected drafts
         d.observe(torch.ones(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.bool))
@@ -128,6 +128,40 @@ def test_adaptive_probes_again_after_an_unlucky_start():
     e = AdaptiveDepth(costly, k_max=3, prior=0.5)
     picks = [step(e, 32) for _ in range(300)]  # no probing where it cannot pay ...
     assert picks.count(1) == 1 and picks.count(0) == 299  # ... but one, of depth 1
+
+
+def test_a_tail_starts_from_what_the_last_tail_measured():
+    """A drafter accepting 10 % (below the prior of 50 %) is measured in one rollout's
+    tail; the next rollout's large-batch head (300 plain iterations) must not hand its
+    tail back the prior's optimism, or it would draft at a loss until it measured again."""
+    cm = CostModel(fixed=0.01, per_token=1e-3, knee=1, draft_step=1e-3)  # B=2: pays if a > 0.25
+    for relax, drafts_again in ((0.98, True), (AdaptiveDepth(cm).relax, False)):
+        d = AdaptiveDepth(cm, k_max=1, prior=0.5, relax=relax)
+        for i in range(60):  # the tail: 2 rows, one accepted draft in ten
+            d.observe_counts(2, [int(i % 5 == 0)])
+        assert d.alphas(2)[0] < 0.15 and d.best(2) == 0
+        for _ in range(300):  # the next head: plain decoding at batch 32
+            d.choose(32)
+            d.observe_time(32, 0, 0.0, cm.iteration(32, 0, 0.0))
+        assert (d.best(2) == 1) is drafts_again
+    assert d.alphas(2)[0] < 0.2
+
+
+def test_acceptance_is_estimated_per_batch_octave():
+    """Where acceptance differs with the batch size (a tail's long answers), each octave
+    is judged on its own evidence once it has enough, and on the pooled one before."""
+    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=2, prior=0.5, decay=1.0, octave_weight=16)
+    for _ in range(100):
+        d.observe_counts(1, [1, 1])  # batch 1: every draft accepted (100 rows)
+        d.observe_counts(8, [0, 0])  # batch 8: none (800 rows)
+    pooled = d.alphas()
+    assert pooled[0] == pytest.approx((100 + 4 * 0.5) / (900 + 4))
+    assert d.alphas(1)[0] > 0.85 and d.alphas(8)[0] < 0.01
+    assert d.alphas(32).tolist() == pooled.tolist()  # no evidence there: the pooled one
+    assert d.expected_tokens(2, 1) > 2.6 and d.expected_tokens(2, 8) < 1.02
+    assert d.best(1) == 2  # free verification: drafting pays wherever a draft is kept
+    d.observe_counts(16, [1, 0])  # one iteration at a new octave moves it a little only
+    assert abs(d.alphas(16)[0] - pooled[0]) < 0.05
 
 
 # ---------------------------------------------------------------- online calibration

@@ -74,15 +74,26 @@ class AdaptiveDepth:
     verified that column anyway, so it is what k buys. k = 0 whenever no depth beats
     plain decoding.
 
+    Acceptance is estimated per batch octave too: an octave's counts, shrunk by
+    `octave_weight` pseudo-drafts towards the pooled estimate (every octave's counts,
+    shrunk towards the prior). The rows left in a rollout's tail, where drafting pays,
+    are its longest answers, which a drafter may predict worse than the average row
+    (history especially); so the tail is judged on what the tail accepted once it has a
+    tail's worth of evidence, and on the pooled estimate before (a handful of rows at
+    one batch size is noise: the octaves would only add variance where acceptance does
+    not depend on the batch size).
+
     The counts decay with every drafting iteration (tracking a changing policy and
-    draft), and an estimate below the prior also decays with every plain one: estimates
-    that a bad run pushed below the break-even relax towards the prior and the policy
-    probes again (without this, a few early rejections at a marginal batch size switch
-    drafting off for good — no more drafts, no more evidence). A good estimate is kept
-    through a plain stretch (the large-batch part of a rollout), so the next tail starts
-    from what the last one measured rather than from the prior; if it has become too
-    optimistic, the first drafts correct it. Where drafting clearly loses (large batches
-    on a CPU) even the prior does not pay, so probing costs nothing there.
+    draft), and an estimate below the prior also decays, by `relax`, with every plain
+    one: estimates that a bad run pushed below the break-even relax towards the prior
+    and the policy probes again (without this, a few early rejections at a marginal
+    batch size switch drafting off for good — no more drafts, no more evidence). The
+    relaxation is slow next to a rollout's large-batch head (a few hundred plain
+    iterations), so the next tail starts from what the last one measured rather than
+    from the prior: relaxing as fast as the counts decay would hand every tail the
+    prior's optimism, and a drafter whose acceptance is below the prior would draft at
+    a loss until the tail had measured it again. Where drafting clearly loses (large
+    batches on a CPU) even the prior does not pay, so probing costs nothing there.
 
     **Time.** A profile can be wrong by any factor (measured on a busy machine, another
     thread count, stale), and a wrong one alone would keep the policy in a losing k. So
@@ -135,8 +146,13 @@ class AdaptiveDepth:
     prior_weight: float = 4.0
     """Pseudo-count of the prior."""
     decay: float = 0.98
-    """Decay of the counts per drafting iteration (tracks a changing policy / draft) and,
-    for estimates below the prior, per plain one (so that drafting is probed again)."""
+    """Decay of the counts per drafting iteration (tracks a changing policy / draft)."""
+    octave_weight: float = 64.0
+    """Pseudo-drafts by which a batch octave's acceptance estimate is shrunk towards the
+    other octaves' (a handful of rows at one batch size is noise, a tail's worth is not)."""
+    relax: float = 0.998
+    """Decay per plain iteration of the counts of estimates below the prior (so that
+    drafting is probed again; ~0.7 / (1 - relax) plain iterations forget half)."""
     window: int = 16
     """Measured/predicted time ratios kept per (k, batch octave); their median is used."""
     refresh: int = 64
@@ -160,11 +176,14 @@ class AdaptiveDepth:
             raise ValueError(f"k_max must be >= 1, got {self.k_max}")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
+        for name in ("decay", "relax"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if self.window < 1 or self.refresh < 1:
             raise ValueError(f"window and refresh must be >= 1, got {self.window}, {self.refresh}")
-        # decayed counts per draft position (Python floats: this runs every iteration)
-        self._reached = [0.0] * self.k_max
-        self._accepted = [0.0] * self.k_max
+        # batch octave -> decayed (reached, accepted) per draft position (Python floats:
+        # this runs every iteration)
+        self._counts: dict[int, tuple[list[float], list[float]]] = {}
         self._ratios: dict[tuple[int, int], deque] = {}  # (octave, k) -> measured/predicted
         self._logr: dict[tuple[int, int], float] = {}  # (octave, k) -> log median of those
         self._seen: dict[tuple[int, int], int] = {}  # (octave, k) -> octave iteration
@@ -181,44 +200,71 @@ class AdaptiveDepth:
 
     # ------------------------------------------------------------------ acceptance
 
+    def _totals(self, skip: int | None = None) -> tuple[list[float], list[float]]:
+        """Decayed (reached, accepted) per position, summed over the octaves but `skip`."""
+        reached, accepted = [0.0] * self.k_max, [0.0] * self.k_max
+        for b, (r, a) in self._counts.items():
+            if b != skip:
+                reached = [x + y for x, y in zip(reached, r, strict=True)]
+                accepted = [x + y for x, y in zip(accepted, a, strict=True)]
+        return reached, accepted
+
     @property
     def reached(self) -> torch.Tensor:
-        """[k_max] decayed count of rows that reached each draft position."""
-        return torch.tensor(self._reached, dtype=torch.float64, device="cpu")
+        """[k_max] decayed count of rows that reached each draft position (all octaves)."""
+        return torch.tensor(self._totals()[0], dtype=torch.float64, device="cpu")
 
     @property
     def accepted(self) -> torch.Tensor:
         """[k_max] decayed count of rows whose draft was accepted at each position."""
-        return torch.tensor(self._accepted, dtype=torch.float64, device="cpu")
+        return torch.tensor(self._totals()[1], dtype=torch.float64, device="cpu")
 
-    def _alphas(self) -> list[float]:
+    def _alphas(self, octave: int | None = None) -> list[float]:
+        """Estimates at `octave`: its own counts shrunk towards the pooled estimate (None:
+        the pooled estimate, every octave's counts shrunk towards the prior)."""
         w = self.prior_weight
-        return [
-            (a + w * p) / (r + w)
-            for a, r, p in zip(self._accepted, self._reached, self._prior, strict=True)
+        reached, accepted = self._totals()
+        pooled = [
+            (a + w * p) / (r + w) for a, r, p in zip(accepted, reached, self._prior, strict=True)
         ]
+        own = self._counts.get(octave) if octave is not None else None
+        if own is None:
+            return pooled
+        w = self.octave_weight
+        return [(a + w * p) / (r + w) for r, a, p in zip(*own, pooled, strict=True)]
 
-    def alphas(self) -> torch.Tensor:
-        """[k_max] conditional acceptance estimates (trees: node i on the accepted path)."""
-        return torch.tensor(self._alphas(), dtype=torch.float64, device="cpu")
+    def alphas(self, batch_size: int | None = None) -> torch.Tensor:
+        """[k_max] conditional acceptance estimates (trees: node i on the accepted path)
+        at a batch size's octave (None: pooled over every octave)."""
+        octave = None if batch_size is None else self.octave(batch_size)
+        return torch.tensor(self._alphas(octave), dtype=torch.float64, device="cpu")
 
-    def _taus(self) -> list[float]:
+    def _taus(self, octave: int | None = None) -> list[float]:
         taus, run = [1.0], 1.0
-        for a in self._alphas():
+        for a in self._alphas(octave):
             run = a if self.tree else run * a
             taus.append(taus[-1] + run)
         return taus
 
-    def expected_tokens(self, k: int) -> float:
-        """tau(k): tokens one row emits per iteration drafting k (incl. the bonus)."""
-        return self._taus()[min(k, self.k_max)]
+    def expected_tokens(self, k: int, batch_size: int | None = None) -> float:
+        """tau(k): tokens one row emits per iteration drafting k (incl. the bonus), at a
+        batch size's octave (None: pooled)."""
+        octave = None if batch_size is None else self.octave(batch_size)
+        return self._taus(octave)[min(k, self.k_max)]
 
     def _decay(self, below_prior: bool) -> None:
-        """Decay the counts of positions whose estimate is below (or not) the prior."""
+        """Decay the counts of positions whose pooled estimate is below (`below_prior`, by
+        `relax`: a plain iteration) or not below the prior (by `decay`: a drafting one)."""
+        factor = self.relax if below_prior else self.decay
+        if factor == 1.0:
+            return
+        # on the pooled estimate: every octave's counts of a position decay alike, so
+        # their sum decays as one pooled count would
         for j, a in enumerate(self._alphas()):
             if (a < self._prior[j]) == below_prior:
-                self._reached[j] *= self.decay
-                self._accepted[j] *= self.decay
+                for reached, accepted in self._counts.values():
+                    reached[j] *= factor
+                    accepted[j] *= factor
 
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
         """num_draft: [B] tokens drafted per row; accepted: [B, k] per-position accept flags
@@ -230,9 +276,9 @@ class AdaptiveDepth:
         self.observe_counts(accepted.shape[0], (accepted[:, :k] & drafted).sum(0).tolist())
 
     def observe_counts(self, rows: int, accepted: list[int]) -> None:
-        """`observe` from host values: rows verified, and per position j the rows whose
-        drafts 0..j were all accepted (and drafted); trees: per node j, the rows whose
-        accepted path went through it."""
+        """`observe` from host values: rows verified (the batch size, whose octave the
+        counts go to), and per position j the rows whose drafts 0..j were all accepted
+        (and drafted); trees: per node j, the rows whose accepted path went through it."""
         k = min(len(accepted), self.k_max)
         if k == 0:
             return
@@ -241,9 +287,13 @@ class AdaptiveDepth:
         # position j is *reached* when 0..j-1 were accepted (drafted or not: an empty
         # position was verified all the same, and rejected); a tree's every node is
         reached = [rows] * k if self.tree else [rows, *acc[:-1]]
+        b = self.octave(rows)
+        if b not in self._counts:
+            self._counts[b] = ([0.0] * self.k_max, [0.0] * self.k_max)
+        counts_r, counts_a = self._counts[b]
         for j in range(k):
-            self._reached[j] += reached[j]
-            self._accepted[j] += acc[j]
+            counts_r[j] += reached[j]
+            counts_a[j] += acc[j]
 
     # ------------------------------------------------------------------ time
 
@@ -377,7 +427,7 @@ class AdaptiveDepth:
     def rates(self, batch_size: int, ctx: float = 0.0) -> list[float]:
         """[k_max + 1] expected emitted tokens per second at each depth."""
         B = batch_size
-        taus = self._taus()
+        taus = self._taus(self.octave(B))
         return [B * tau / max(t, 1e-12) for tau, t in zip(taus, self.times(B, ctx), strict=True)]
 
     def best(self, batch_size: int, ctx: float = 0.0) -> int:
