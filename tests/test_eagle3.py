@@ -9,9 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
 from specroll.drafters.eagle3_io import load_eagle3, save_eagle3
+from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+from specroll.engine.depth import FixedDepth
 from specroll.model import ModelConfig, Transformer
+from tests.conftest import VOCAB, spec_drafters, spec_model
 
 TARGET = ModelConfig(
     vocab_size=97,
@@ -262,3 +265,29 @@ def test_saved_tensors_mean_what_vllm_expects(target, tmp_path):
         ref_logits, ref_pre = reference_forward(t, target.embed_tokens(x), h)
     assert (logits - ref_logits).abs().max() <= 1e-5
     assert (pre - ref_pre).abs().max() <= 1e-5
+
+
+def test_fusion_runs_only_for_the_pairs_fed(monkeypatch):
+    """EAGLE-3 keeps the target's three states per committed pair and fuses them when
+    the pairs are fed: a drafter that never drafts runs no matmul, and one that does
+    proposes what fusing every pair at commit proposes (seeded sampling at T = 1)."""
+    target = spec_model(0)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 9, 14, 6, 5)]
+    params = [SamplingParams(1.0, max_new_tokens=40, seed=i, stop_token_ids=()) for i in range(5)]
+    reqs = [Request(q, p) for q, p in zip(prompts, params, strict=True)]
+    fused = []
+    fuse = Eagle3Head.fuse
+    monkeypatch.setattr(Eagle3Head, "fuse", lambda self, aux: fused.append(1) or fuse(self, aux))
+    idle = spec_drafters(target)["eagle3"]()
+    Engine(target, EngineConfig(max_batch=3), idle, FixedDepth(0)).generate(reqs)
+    assert idle.lazy and not fused  # kept, never fused
+    runs = []
+    for lazy_bytes in (Eagle3Drafter.lazy_bytes, 0):  # lazy, then fused at commit
+        drafter = spec_drafters(target)["eagle3"]()
+        drafter.lazy_bytes = lazy_bytes
+        eng = Engine(target, EngineConfig(max_batch=3), drafter, FixedDepth(3))
+        out = eng.generate(reqs)
+        assert drafter.lazy is (lazy_bytes > 0) and eng.stats.draft_tokens > 0
+        runs.append(([r.token_ids for r in out], eng.stats.draft_tokens, eng.stats.accepted_tokens))
+    assert runs[0] == runs[1]

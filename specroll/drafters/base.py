@@ -133,10 +133,10 @@ class FeatureDrafter(Drafter):
     vocabulary. Subclasses provide the network through four small hooks.
 
     Feeding is lazy: `prefill` and `commit` only store the target's features; the draft
-    network runs over a row's pending pairs (in one batched forward) when that row is
-    next asked to propose. While the depth policy keeps speculation off — the large-batch
-    head of a rollout — the drafter costs nothing but a copy; when the batch shrinks to
-    where drafting pays, each row catches up in a single forward.
+    network (and `condition`) runs over a row's pending pairs (in one batched forward)
+    when that row is next asked to propose. While the depth policy keeps speculation
+    off — the large-batch head of a rollout — the drafter costs nothing but a copy; when
+    the batch shrinks to where drafting pays, each row catches up in a single forward.
     """
 
     def __init__(self, version: int = 0) -> None:
@@ -149,8 +149,16 @@ class FeatureDrafter(Drafter):
         raise NotImplementedError
 
     def features(self, hidden: dict[int, torch.Tensor], width: int) -> torch.Tensor:
-        """Target states of a forward ([n, T, H] each) → draft conditioning [n, width, H]."""
+        """Target states of a forward ([n, T, H] each) → what is kept per pair, [n, width,
+        *]: the draft conditioning itself, or what `condition` computes it from."""
         raise NotImplementedError
+
+    def condition(self, kept: torch.Tensor) -> torch.Tensor:
+        """What `features` kept, [n, W, *] → draft conditioning [n, W, H], for the pairs
+        fed now. The identity unless the conditioning costs a matmul (EAGLE-3's fusion):
+        then it is computed here, for the pairs fed, rather than for every committed
+        pair of every row (most of them, in a rollout, never drafted from)."""
+        return kept
 
     def run(self, depth: int, tokens, feats, positions, slot_start: int = 0, logits_index=None):
         """Draft network at recursion depth `depth` → (logits [n, T, *], state [n, T, H]);
@@ -176,7 +184,7 @@ class FeatureDrafter(Drafter):
         long = dict(dtype=torch.long, device=self.device)
         self.dpos = torch.zeros(S, **long)  # pairs committed (= target pos)
         self.fed = torch.zeros(S, **long)  # pairs already run through the draft
-        self.feats: torch.Tensor | None = None  # [S, L, H] conditioning of pending pairs
+        self.feats: torch.Tensor | None = None  # [S, L, *] kept features of pending pairs
         self.max_len = L
         self.next_logits: torch.Tensor | None = None  # [S, *] output of pair fed-1
         self.next_state: torch.Tensor | None = None  # [S, H]
@@ -214,7 +222,7 @@ class FeatureDrafter(Drafter):
         col = torch.arange(width, device=self.device)
         t = (start.unsqueeze(1) + col).clamp(max=history.shape[1] - 2)  # [n, W]
         tokens = history[lo:hi].gather(1, t + 1)  # pair t: (h_t, x_{t+1}), [n, W]
-        feats = self.feats[rows.unsqueeze(1), t]  # [n, W, H]
+        feats = self.condition(self.feats[rows.unsqueeze(1), t])  # [n, W, H]
         last = (pending - 1).clamp(min=0)  # [n] each row's last pending pair
         # only the last pair's logits are needed: reading out all W over the vocabulary
         # would cost more than the draft layer itself on a long catch-up
@@ -287,5 +295,8 @@ class FeatureDrafter(Drafter):
         for t in (self.dpos, self.fed, self.next_logits, self.next_state):
             if t is not None:
                 t[dst] = t[src]
-        if self.feats is not None:
-            self.feats[dst] = self.feats[src]
+        if self.feats is not None:  # the pairs not yet fed are all a row needs
+            lo, hi = torch.stack([self.fed[src], self.dpos[src]]).tolist()
+            hi = min(hi, self.max_len)
+            if hi > lo:
+                self.feats[dst, lo:hi] = self.feats[src, lo:hi]
