@@ -149,7 +149,7 @@ class AdaptiveDepth:
     """Decay of the counts per drafting iteration (tracks a changing policy / draft)."""
     octave_weight: float = 64.0
     """Pseudo-drafts by which a batch octave's acceptance estimate is shrunk towards the
-    other octaves' (a handful of rows at one batch size is noise, a tail's worth is not)."""
+    pooled one (a handful of rows at one batch size is noise, a tail's worth is not)."""
     relax: float = 0.998
     """Decay per plain iteration of the counts of estimates below the prior (so that
     drafting is probed again; ~0.7 / (1 - relax) plain iterations forget half)."""
@@ -200,13 +200,12 @@ class AdaptiveDepth:
 
     # ------------------------------------------------------------------ acceptance
 
-    def _totals(self, skip: int | None = None) -> tuple[list[float], list[float]]:
-        """Decayed (reached, accepted) per position, summed over the octaves but `skip`."""
+    def _totals(self) -> tuple[list[float], list[float]]:
+        """Decayed (reached, accepted) per position, summed over the octaves."""
         reached, accepted = [0.0] * self.k_max, [0.0] * self.k_max
-        for b, (r, a) in self._counts.items():
-            if b != skip:
-                reached = [x + y for x, y in zip(reached, r, strict=True)]
-                accepted = [x + y for x, y in zip(accepted, a, strict=True)]
+        for r, a in self._counts.values():
+            reached = [x + y for x, y in zip(reached, r, strict=True)]
+            accepted = [x + y for x, y in zip(accepted, a, strict=True)]
         return reached, accepted
 
     @property
