@@ -130,6 +130,24 @@ def test_adaptive_probes_again_after_an_unlucky_start():
     assert picks.count(1) == 1 and picks.count(0) == 299  # ... but one, of depth 1
 
 
+def test_a_batch_far_from_paying_stays_plain_without_deciding_again():
+    """Where every depth is predicted far below plain decoding (a rollout's large-batch
+    head), the policy re-decides only every `quiet` iterations: the same choices, a
+    fraction of the Python per iteration."""
+    costly = CostModel(fixed=0.0, per_token=0.01, knee=1, draft_step=1e-3)
+    picks, decided = {}, {}
+    for quiet in (0, 8):
+        d = AdaptiveDepth(costly, k_max=3, prior=0.5, quiet=quiet)
+        rates, calls = d._rates, []
+        d._rates = lambda *a, rates=rates, calls=calls: calls.append(a) or rates(*a)
+        picks[quiet] = [step(d, 32) for _ in range(300)]
+        decided[quiet] = len(calls)
+    assert picks[8] == picks[0] and picks[0].count(0) == 299
+    assert decided[0] == 300 and decided[8] <= 300 // 8 + 4
+    with pytest.raises(ValueError, match="quiet"):
+        AdaptiveDepth(costly, quiet=-1)
+
+
 def test_a_tail_starts_from_what_the_last_tail_measured():
     """A drafter accepting 10 % (below the prior of 50 %) is measured in one rollout's
     tail; the next rollout's large-batch head (300 plain iterations) must not hand its
@@ -162,6 +180,29 @@ def test_acceptance_is_estimated_per_batch_octave():
     assert d.best(1) == 2  # free verification: drafting pays wherever a draft is kept
     d.observe_counts(16, [1, 0])  # one iteration at a new octave moves it a little only
     assert abs(d.alphas(16)[0] - pooled[0]) < 0.05
+
+
+def test_octaves_that_disagree_are_pooled_less():
+    """How far an octave is shrunk towards the pooled estimate is measured: where the
+    octaves' rates agree within noise, by `octave_weight`; where a tail's rows accept
+    clearly less than the head's probes (a third against a tenth), a few dozen tail
+    drafts outweigh the head, so the tail stops drafting at a loss."""
+
+    def measured(tail_accepts: int, **kw) -> AdaptiveDepth:
+        d = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, decay=1.0, relax=1.0, **kw)
+        for _ in range(25):  # the head's probes: 400 rows at batch 16, 5 in 16 accepted
+            d.observe_counts(16, [5])
+        for i in range(20):  # the tail: 40 rows at batch 2
+            d.observe_counts(2, [int(i < tail_accepts)])
+        return d
+
+    agree = measured(tail_accepts=12)  # 30 % at both
+    assert agree.shrinkage() == agree.octave_weight
+    tail = measured(tail_accepts=4)  # 10 % at batch 2
+    assert tail.shrinkage() < 16
+    assert tail.alphas(2)[0] < 0.15 < 0.2 < measured(4, min_octave_weight=64).alphas(2)[0]
+    with pytest.raises(ValueError, match="min_octave_weight"):
+        AdaptiveDepth(CostModel(fixed=1.0), octave_weight=8, min_octave_weight=16)
 
 
 # ---------------------------------------------------------------- online calibration

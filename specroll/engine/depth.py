@@ -29,6 +29,13 @@ from dataclasses import dataclass, field
 import torch
 
 
+def _median(xs) -> float:
+    """statistics.median of a short sequence, without its overhead (every iteration)."""
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
 @dataclass
 class FixedDepth:
     """k draft tokens while the active batch is at most `max_batch`, else plain decoding."""
@@ -81,7 +88,14 @@ class AdaptiveDepth:
     (history especially); so the tail is judged on what the tail accepted once it has a
     tail's worth of evidence, and on the pooled estimate before (a handful of rows at
     one batch size is noise: the octaves would only add variance where acceptance does
-    not depend on the batch size).
+    not depend on the batch size). How far is itself estimated (empirical Bayes): the
+    variance between the octaves' true rates of a first draft, by moments — their
+    measured rates' spread less what binomial noise explains — sets the shrinkage to
+    the pseudo-count of a beta prior of that variance around the pooled rate, between
+    `min_octave_weight` and `octave_weight`. Where the octaves agree it stays at
+    `octave_weight`; where the tail's rows are clearly harder than the head's (history
+    early in a run: a third of the first drafts accepted at batch 16, a tenth at 1–3),
+    a tail's few dozen drafts outweigh the large batches' probes.
 
     The counts decay with every drafting iteration (tracking a changing policy and
     draft), and an estimate below the prior also decays, by `relax`, with every plain
@@ -127,7 +141,9 @@ class AdaptiveDepth:
     must not switch speculation off for good), then every `refresh` iterations only if it
     is predicted within `probe_margin` of plain decoding; likewise, the depths next to
     the chosen one are measured every `refresh` iterations when predicted within
-    `probe_margin` of it. `best` is the choice without exploration. Nothing is random, and
+    `probe_margin` of it; where every depth is predicted below `probe_margin`^2 of plain
+    decoding, the octave stays plain for `quiet` iterations without deciding again.
+    `best` is the choice without exploration. Nothing is random, and
     depth choices never change the distribution of the samples (verification is exact).
 
     **Stale profiles.** After its first `check_after` iterations the policy compares the
@@ -148,8 +164,11 @@ class AdaptiveDepth:
     decay: float = 0.98
     """Decay of the counts per drafting iteration (tracks a changing policy / draft)."""
     octave_weight: float = 64.0
-    """Pseudo-drafts by which a batch octave's acceptance estimate is shrunk towards the
-    pooled one (a handful of rows at one batch size is noise, a tail's worth is not)."""
+    """Most pseudo-drafts by which a batch octave's acceptance estimate is shrunk towards
+    the pooled one (a handful of rows at one batch size is noise, a tail's worth is not);
+    fewer where the octaves' measured rates disagree beyond noise (see **Acceptance**)."""
+    min_octave_weight: float = 4.0
+    """Fewest pseudo-drafts of that shrinkage, however much the octaves disagree."""
     relax: float = 0.998
     """Decay per plain iteration of the counts of estimates below the prior (so that
     drafting is probed again; ~0.7 / (1 - relax) plain iterations forget half)."""
@@ -160,6 +179,10 @@ class AdaptiveDepth:
     probe_margin: float = 0.9
     """While decoding plainly, re-try the best depth only if predicted at least this
     fraction of plain decoding's tokens/s."""
+    quiet: int = 8
+    """Iterations at a batch octave that keep plain decoding without re-deciding, once
+    every depth is predicted below probe_margin^2 of its tokens/s (the large-batch head
+    of a rollout: deciding costs ~0.1 ms of Python per iteration, on a GPU ~1 %)."""
     borrow: float = 0.5
     """Weight per octave of distance of a time ratio borrowed from another batch octave."""
     check_after: int = 48
@@ -176,18 +199,28 @@ class AdaptiveDepth:
             raise ValueError(f"k_max must be >= 1, got {self.k_max}")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
+        if not 0 < self.min_octave_weight <= self.octave_weight:
+            raise ValueError(
+                "min_octave_weight must be in (0, octave_weight], got "
+                f"{self.min_octave_weight} (octave_weight {self.octave_weight})"
+            )
         for name in ("decay", "relax"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if self.window < 1 or self.refresh < 1:
             raise ValueError(f"window and refresh must be >= 1, got {self.window}, {self.refresh}")
+        if self.quiet < 0:
+            raise ValueError(f"quiet must be >= 0, got {self.quiet}")
         # batch octave -> decayed (reached, accepted) per draft position (Python floats:
         # this runs every iteration)
         self._counts: dict[int, tuple[list[float], list[float]]] = {}
+        self._pool = ([0.0] * self.k_max, [0.0] * self.k_max)  # their sums, kept in step
         self._ratios: dict[tuple[int, int], deque] = {}  # (octave, k) -> measured/predicted
         self._logr: dict[tuple[int, int], float] = {}  # (octave, k) -> log median of those
         self._seen: dict[tuple[int, int], int] = {}  # (octave, k) -> octave iteration
         self._iters: dict[int, int] = {}  # octave -> iterations chosen there
+        self._quiet: dict[int, int] = {}  # octave -> iteration until which it stays plain
+        self._relaxing = 0  # plain-iteration relaxations not yet applied (`_settle`)
         self._first: list[tuple[int, float]] = []  # (k, ratio) of the first iterations
         self._checked = False
         self.sizes = list(range(self.k_max + 1))
@@ -201,12 +234,18 @@ class AdaptiveDepth:
     # ------------------------------------------------------------------ acceptance
 
     def _totals(self) -> tuple[list[float], list[float]]:
-        """Decayed (reached, accepted) per position, summed over the octaves."""
-        reached, accepted = [0.0] * self.k_max, [0.0] * self.k_max
-        for r, a in self._counts.values():
-            reached = [x + y for x, y in zip(reached, r, strict=True)]
-            accepted = [x + y for x, y in zip(accepted, a, strict=True)]
-        return reached, accepted
+        """Decayed (reached, accepted) per position, summed over the octaves (kept in step
+        with them rather than summed per call: this runs every iteration)."""
+        self._settle()
+        return self._pool
+
+    def _settle(self) -> None:
+        """Apply the relaxations of the plain iterations since the counts were last read.
+        n of them at once are relax^n: relaxing moves an estimate below the prior towards
+        it, never past it, so the positions relaxed stay the same throughout."""
+        n, self._relaxing = self._relaxing, 0
+        if n:
+            self._decay(below_prior=True, times=n)
 
     @property
     def reached(self) -> torch.Tensor:
@@ -217,6 +256,24 @@ class AdaptiveDepth:
     def accepted(self) -> torch.Tensor:
         """[k_max] decayed count of rows whose draft was accepted at each position."""
         return torch.tensor(self._totals()[1], dtype=torch.float64, device="cpu")
+
+    def shrinkage(self) -> float:
+        """Pseudo-drafts by which an octave's estimates are shrunk towards the pooled ones:
+        the beta prior around the pooled rate of a first draft whose variance is the
+        octaves' between-octave variance (method of moments, counts as sample sizes)."""
+        w_max = self.octave_weight
+        self._settle()
+        own = [(r[0], a[0] / r[0]) for r, a in self._counts.values() if r[0] > 0]
+        if len(own) < 2:
+            return w_max
+        n = sum(r for r, _ in own)
+        p = sum(r * x for r, x in own) / n
+        noise = p * (1 - p)  # a rate's variance times its sample size
+        spread = sum(r * (x - p) ** 2 for r, x in own) - (len(own) - 1) * noise
+        between = spread / (n - sum(r * r for r, _ in own) / n)
+        if between <= noise / (w_max + 1):
+            return w_max
+        return max(self.min_octave_weight, noise / between - 1)
 
     def _alphas(self, octave: int | None = None) -> list[float]:
         """Estimates at `octave`: its own counts shrunk towards the pooled estimate (None:
@@ -229,7 +286,7 @@ class AdaptiveDepth:
         own = self._counts.get(octave) if octave is not None else None
         if own is None:
             return pooled
-        w = self.octave_weight
+        w = self.shrinkage()
         return [(a + w * p) / (r + w) for r, a, p in zip(*own, pooled, strict=True)]
 
     def alphas(self, batch_size: int | None = None) -> torch.Tensor:
@@ -251,17 +308,18 @@ class AdaptiveDepth:
         octave = None if batch_size is None else self.octave(batch_size)
         return self._taus(octave)[min(k, self.k_max)]
 
-    def _decay(self, below_prior: bool) -> None:
+    def _decay(self, below_prior: bool, times: int = 1) -> None:
         """Decay the counts of positions whose pooled estimate is below (`below_prior`, by
-        `relax`: a plain iteration) or not below the prior (by `decay`: a drafting one)."""
-        factor = self.relax if below_prior else self.decay
+        `relax`: a plain iteration) or not below the prior (by `decay`: a drafting one),
+        `times` times."""
+        factor = (self.relax if below_prior else self.decay) ** times
         if factor == 1.0:
             return
         # on the pooled estimate: every octave's counts of a position decay alike, so
         # their sum decays as one pooled count would
         for j, a in enumerate(self._alphas()):
             if (a < self._prior[j]) == below_prior:
-                for reached, accepted in self._counts.values():
+                for reached, accepted in (self._pool, *self._counts.values()):
                     reached[j] *= factor
                     accepted[j] *= factor
 
@@ -282,7 +340,7 @@ class AdaptiveDepth:
         if k == 0:
             return
         acc = accepted[:k]
-        self._decay(below_prior=False)  # the others decayed in choose()
+        self._decay(below_prior=False)  # the others relax in choose() (`_settle`)
         # position j is *reached* when 0..j-1 were accepted (drafted or not: an empty
         # position was verified all the same, and rejected); a tree's every node is
         reached = [rows] * k if self.tree else [rows, *acc[:-1]]
@@ -290,9 +348,12 @@ class AdaptiveDepth:
         if b not in self._counts:
             self._counts[b] = ([0.0] * self.k_max, [0.0] * self.k_max)
         counts_r, counts_a = self._counts[b]
+        pool_r, pool_a = self._pool
         for j in range(k):
             counts_r[j] += reached[j]
             counts_a[j] += acc[j]
+            pool_r[j] += reached[j]
+            pool_a[j] += acc[j]
 
     # ------------------------------------------------------------------ time
 
@@ -317,7 +378,7 @@ class AdaptiveDepth:
         if ratios is None:
             ratios = self._ratios[key] = deque(maxlen=self.window)
         ratios.append(seconds / pred)
-        self._logr[key] = math.log(statistics.median(ratios))
+        self._logr[key] = math.log(_median(ratios))
         self._seen[key] = self._iters.get(key[0], 0)
         if not self._checked:
             self._first.append((k, seconds / pred))
@@ -372,10 +433,14 @@ class AdaptiveDepth:
 
     def corrections(self, batch_size: int) -> list[float]:
         """[k_max + 1] log(measured / predicted) time ratios used at this batch size."""
-        b = self.octave(batch_size)
+        corr = self._corrections(self.octave(batch_size), range(self.k_max + 1))
+        return [corr[k] for k in range(self.k_max + 1)]
+
+    def _corrections(self, b: int, ks) -> dict[int, float]:
+        """`corrections` at octave b, for the depths ks only (the policy's hot path)."""
         logr = self._logr
-        own = [logr.get((b, k)) for k in range(self.k_max + 1)]
-        if all(v is not None for v in own):
+        own = {k: logr.get((b, k)) for k in ks}
+        if all(v is not None for v in own.values()):
             return own
         octaves = sorted({o for o, _ in logr}, key=lambda o: (abs(o - b), o))
         e0 = next((logr[o, 0] for o in octaves if (o, 0) in logr), 0.0)
@@ -387,13 +452,13 @@ class AdaptiveDepth:
             ((o, r) for o in octaves if o != b and (r := self._relative(o)) is not None),
             None,
         )
-        out = []
-        for k in range(self.k_max + 1):
+        out = {}
+        for k in ks:
             if own[k] is not None:
-                out.append(own[k])
+                out[k] = own[k]
                 continue
             if rel is not None and rel[k] is not None:
-                out.append(e0 + rel[k])
+                out[k] = e0 + rel[k]
                 continue
             cands = [] if deepest is None else [deepest]
             if other is not None:
@@ -401,7 +466,7 @@ class AdaptiveDepth:
                 v = r[k] if r[k] is not None else next(x for x in reversed(r) if x is not None)
                 cands.append(v * self.borrow ** abs(o - b))
             # beyond the deepest depth measured here: not more optimistic than it
-            out.append(e0 + (max(cands) if cands else 0.0))
+            out[k] = e0 + (max(cands) if cands else 0.0)
         return out
 
     def times(self, batch_size: int, ctx: float = 0.0) -> list[float]:
@@ -411,27 +476,38 @@ class AdaptiveDepth:
         the measured times' slope over the two deepest (a profile whose per-depth cost is
         wrong has the wrong shape; being optimistic there costs one probe, one step
         deeper, which then measures it)."""
-        B = batch_size
-        corr = self.corrections(B)
-        t = [self._predict(B, k, ctx) * math.exp(corr[k]) for k in range(self.k_max + 1)]
+        t = self._times(batch_size, ctx, range(self.k_max + 1))
+        return [t[k] for k in range(self.k_max + 1)]
+
+    def _times(self, B: int, ctx: float, ks) -> dict[int, float]:
+        """`times` for the depths ks only (the policy's hot path: a tree of 32 nodes is
+        choosing among 7 budgets, not 33)."""
         b = self.octave(B)
-        ks = [k for k in range(self.k_max + 1) if (b, k) in self._logr]
-        if len(ks) >= 2 and ks[0] == 0:
-            k1, k2 = ks[-2], ks[-1]
+        measured = sorted(k for o, k in self._logr if o == b)
+        slope_from = measured[-2:] if len(measured) >= 2 and measured[0] == 0 else []
+        need = sorted({*ks, *slope_from})
+        corr = self._corrections(b, need)
+        t = {k: self._predict(B, k, ctx) * math.exp(corr[k]) for k in need}
+        if slope_from:
+            k1, k2 = slope_from
             slope = max(t[k2] - t[k1], 0.0) / (k2 - k1)
-            for k in range(k2 + 1, self.k_max + 1):
-                t[k] = min(t[k], t[k2] + slope * (k - k2))
+            for k in ks:
+                if k > k2:
+                    t[k] = min(t[k], t[k2] + slope * (k - k2))
         return t
 
     def rates(self, batch_size: int, ctx: float = 0.0) -> list[float]:
         """[k_max + 1] expected emitted tokens per second at each depth."""
-        B = batch_size
+        r = self._rates(batch_size, ctx, range(self.k_max + 1))
+        return [r[k] for k in range(self.k_max + 1)]
+
+    def _rates(self, B: int, ctx: float, ks) -> dict[int, float]:
         taus = self._taus(self.octave(B))
-        return [B * tau / max(t, 1e-12) for tau, t in zip(taus, self.times(B, ctx), strict=True)]
+        return {k: B * taus[k] / max(t, 1e-12) for k, t in self._times(B, ctx, ks).items()}
 
     def best(self, batch_size: int, ctx: float = 0.0) -> int:
         """The depth with the highest expected tokens/s (no exploration)."""
-        rates = self.rates(batch_size, ctx)
+        rates = self._rates(batch_size, ctx, self.sizes)
         return max(self.sizes, key=rates.__getitem__)
 
     def _next(self, k: int, step: int) -> int | None:
@@ -440,10 +516,12 @@ class AdaptiveDepth:
         return self.sizes[i] if 0 <= i < len(self.sizes) else None
 
     def choose(self, batch_size: int, ctx: float = 0.0) -> int:
-        self._decay(below_prior=True)  # pessimistic estimates relax (see observe)
+        self._relaxing += 1  # pessimistic estimates relax (applied when read: `_settle`)
         b = self.octave(batch_size)
         it = self._iters[b] = self._iters.get(b, 0) + 1
-        rates = self.rates(batch_size, ctx)
+        if it < self._quiet.get(b, 0):
+            return 0
+        rates = self._rates(batch_size, ctx, self.sizes)
         best = max(self.sizes, key=rates.__getitem__)
         top = max((j for j in self.sizes[1:] if (b, j) in self._logr), default=0)
         deeper = self._next(top, 1)  # one step deeper than measured here
@@ -458,6 +536,8 @@ class AdaptiveDepth:
             step = min(alt, deeper if deeper is not None else alt)
             if due(step) and (top == 0 or rates[alt] >= close):
                 return step  # once per octave whatever the profile says; then only if close
+            if top and rates[alt] < self.probe_margin * close:  # far from paying: stay
+                self._quiet[b] = it + self.quiet  # plain without re-deciding for a while
             return 0
         if due(0):  # plain decoding measured first (and now and then)
             return 0
