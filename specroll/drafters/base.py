@@ -250,7 +250,15 @@ class FeatureDrafter(Drafter):
     def commit(self, B, pos_before, num_new, hidden, history) -> None:
         K1 = next(iter(hidden.values())).shape[1]
         rows = torch.arange(B, device=self.device)
-        self._store(rows, pos_before, self.features(hidden, K1), num_new)
+        feats = self.features(hidden, K1)  # [B, K1, *]
+        if K1 > 1 or self.feats is None:
+            self._store(rows, pos_before, feats, num_new)
+            return
+        # a plain iteration (every iteration of a rollout's large-batch head): one pair
+        # per row, kept without `_store`'s mask (a row that committed none leaves a
+        # feature past its `dpos`, which nothing reads before it is written again)
+        self.feats[rows, pos_before.clamp(max=self.max_len - 1)] = feats[:, 0]
+        self.dpos[:B] = pos_before + num_new
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:

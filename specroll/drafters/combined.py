@@ -282,6 +282,7 @@ class CombinedDrafter(Drafter):
         feed's seconds not to charge it (`_feed_network`)."""
         B, k = batch.last.shape[0], batch.k
         cfg, hcfg = self.config, self.history.config
+        self.history.sync(B, batch.pos, batch.history)
         self._chain_k, self._tree_k, self._fresh = 0, k, True
         caps = batch.num_draft.tolist()
         depth = min(cfg.draft_depth, k, max(caps, default=0))

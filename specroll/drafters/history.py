@@ -153,6 +153,7 @@ class HistoryDrafter(Drafter):
         self.recent: deque[int] = deque()  # finished rollouts in `others`, oldest first
         self._next_id = 0
         self.slots: list[_Row | None] = []
+        self._tokens: torch.Tensor | None = None  # the engine's token history ([S, L])
         self.learn = True
         """Finished rollouts join the history; False holds it fixed (`remember` still adds)."""
 
@@ -163,6 +164,7 @@ class HistoryDrafter(Drafter):
                 row.prompt.index.drop(row.sid)
                 row.prompt.live.discard(row.sid)
         self.slots = [None] * num_slots
+        self._tokens = None
 
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
         for i, seq in enumerate(seqs):
@@ -174,26 +176,50 @@ class HistoryDrafter(Drafter):
             self.slots[start + i] = row
 
     def commit(self, B, pos_before, num_new, hidden, history) -> None:
-        width = int(num_new.max()) if B else 0
-        if width == 0:
+        # nothing to do per iteration: a row's new tokens are read from the history when
+        # it is next drafted from (`sync`) or finishes (`release`: from the history of
+        # the last commit, whose rows compaction keeps in slot order), so the large-batch
+        # head of a rollout, where no row drafts, costs no Python per token here
+        self._tokens = history
+
+    def sync(self, B: int, pos: torch.Tensor, history: torch.Tensor) -> None:
+        """Bring rows 0..B-1 (every live row: a row drafts from its live siblings) up to
+        `history` ([B, L] tokens by slot and position): their tokens through cache
+        position pos [B] and the latest sampled one, and those tokens' n-grams."""
+        self._tokens = history
+        if B == 0:
             return
-        col = torch.arange(1, width + 1, device=history.device)
-        at = (pos_before.unsqueeze(1) + col).clamp(max=history.shape[1] - 1)  # [B, W]
-        new = history[:B].gather(1, at).tolist()
-        counts = num_new.tolist()
-        for b in range(B):
-            row = self.slots[b]
-            if counts[b]:
-                before = len(row.tokens)
-                row.tokens.extend(new[b][: counts[b]])
-                row.prompt.index.extend(row.sid, row.tokens, before)
+        ends = (pos[:B] + 1).tolist()  # tokens known per row
+        self._extend(list(range(B)), ends)
+
+    def _extend(self, slots: list[int], ends: list[int]) -> None:
+        """Rows `slots`' tokens (and n-grams) through history[slot, :end], one read-back."""
+        rows = [self.slots[b] for b in slots]
+        known = [len(row.tokens) for row in rows]
+        width = max(e - k for e, k in zip(ends, known, strict=True))
+        if width <= 0:
+            return
+        hist = self._tokens
+        dev = hist.device
+        first = torch.tensor(known, dtype=torch.long, device=dev)
+        at = (first.unsqueeze(1) + torch.arange(width, device=dev)).clamp(max=hist.shape[1] - 1)
+        new = hist[torch.tensor(slots, device=dev)].gather(1, at).tolist()  # [n, W]
+        for row, k, e, toks in zip(rows, known, ends, new, strict=True):
+            if e > k:
+                row.tokens.extend(toks[: e - k])
+                row.prompt.index.extend(row.sid, row.tokens, k)
 
     def release(self, slot: int, generated: int) -> None:
         row, self.slots[slot] = self.slots[slot], None
         if row is not None:
-            # what followed a stop token entered the cache, not the rollout: cut it (its
-            # n-grams stay in the index but point past the end, where `find` skips them)
-            del row.tokens[len(row.prompt.ids) + generated :]
+            end = len(row.prompt.ids) + generated  # the rollout: prompt and output
+            if self.learn and end > len(row.tokens) and self._tokens is not None:
+                self.slots[slot] = row  # (`_extend` reads the row at its slot)
+                self._extend([slot], [end])
+                self.slots[slot] = None
+            # what followed a stop token may have entered the history, not the rollout:
+            # cut it (n-grams indexed past the end point past it: `find` skips them)
+            del row.tokens[end:]
             self._keep(row, learn=self.learn)
 
     def _keep(self, row: _Row, learn: bool) -> None:
@@ -225,6 +251,7 @@ class HistoryDrafter(Drafter):
     def propose(self, batch: DraftBatch) -> Proposal:
         B, k = batch.last.shape[0], batch.k
         cfg = self.config
+        self.sync(B, batch.pos, batch.history)
         caps = batch.num_draft.tolist()
         tokens = [[0] * k for _ in range(B)]
         parents = [list(range(k)) for _ in range(B)]
