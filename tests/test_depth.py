@@ -130,6 +130,20 @@ def test_adaptive_probes_again_after_an_unlucky_start():
     assert picks.count(1) == 1 and picks.count(0) == 299  # ... but one, of depth 1
 
 
+def test_tokens_cut_after_a_predicted_stop_are_not_counted_as_gained():
+    """A drafter that predicts how answers end has its stop token accepted, and what
+    follows it (the bonus token) is cut: measured, those tokens come off tau(k)."""
+    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, tree=True, decay=1.0)
+    for _ in range(50):  # 8 rows; every draft accepted, but 4 rows end on it
+        d.observe_counts(8, [8], tokens=12)  # 8 drafts + 4 bonus tokens kept, 4 cut
+    assert d.alphas(8)[0] > 0.95
+    assert d.expected_tokens(1, 8) == pytest.approx(1.5, abs=0.05)
+    e = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, tree=True, decay=1.0)
+    for _ in range(50):
+        e.observe_counts(8, [8])  # the engine did not say: nothing is taken off
+    assert e.expected_tokens(1, 8) > 1.95 and e.expected_tokens(0, 8) == 1.0
+
+
 def test_a_batch_far_from_paying_stays_plain_without_deciding_again():
     """Where every depth is predicted far below plain decoding (a rollout's large-batch
     head), the policy re-decides only every `quiet` iterations: the same choices, a

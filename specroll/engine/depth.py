@@ -61,7 +61,7 @@ class FixedDepth:
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
         pass
 
-    def observe_counts(self, rows: int, accepted: list[int]) -> None:
+    def observe_counts(self, rows: int, accepted: list[int], tokens: int | None = None) -> None:
         pass
 
     def observe_time(self, batch_size: int, k: int, ctx: float, seconds: float) -> None:
@@ -79,7 +79,9 @@ class AdaptiveDepth:
     `prior_weight` pseudo-drafts at `prior`. A position the drafter left empty (an n-gram
     without a match, a per-request cap) counts as reached and rejected: the target
     verified that column anyway, so it is what k buys. k = 0 whenever no depth beats
-    plain decoding.
+    plain decoding. Tokens verified and then cut (what follows a stop token the drafter
+    predicted: short answers, whose ends the history predicts well) are measured per
+    octave and taken off tau(k >= 1): they cost a draft's time and emit nothing.
 
     Acceptance is estimated per batch octave too: an octave's counts, shrunk by
     `octave_weight` pseudo-drafts towards the pooled estimate (every octave's counts,
@@ -221,6 +223,7 @@ class AdaptiveDepth:
         self._iters: dict[int, int] = {}  # octave -> iterations chosen there
         self._quiet: dict[int, int] = {}  # octave -> iteration until which it stays plain
         self._relaxing = 0  # plain-iteration relaxations not yet applied (`_settle`)
+        self._waste: dict[int, list[float]] = {}  # octave -> decayed (tokens lost, rows)
         self._first: list[tuple[int, float]] = []  # (k, ratio) of the first iterations
         self._checked = False
         self.sizes = list(range(self.k_max + 1))
@@ -297,10 +300,21 @@ class AdaptiveDepth:
 
     def _taus(self, octave: int | None = None) -> list[float]:
         taus, run = [1.0], 1.0
+        lost = self._lost(octave)
         for a in self._alphas(octave):
             run = a if self.tree else run * a
             taus.append(taus[-1] + run)
-        return taus
+        return [taus[0], *(max(t - lost, 1.0) for t in taus[1:])]
+
+    def _lost(self, octave: int | None) -> float:
+        """Tokens per row a drafting iteration verifies and then discards: drafts and
+        the bonus token past a stop token (a drafter that predicts how answers end — the
+        history — has its stop token accepted, and what follows it is cut). Decayed per
+        drafting iteration like the counts; with `prior_weight` pseudo-rows of none."""
+        w = self._waste.get(octave) if octave is not None else None
+        if w is None:
+            w = [sum(x[0] for x in self._waste.values()), sum(x[1] for x in self._waste.values())]
+        return w[0] / (w[1] + self.prior_weight)
 
     def expected_tokens(self, k: int, batch_size: int | None = None) -> float:
         """tau(k): tokens one row emits per iteration drafting k (incl. the bonus), at a
@@ -332,19 +346,25 @@ class AdaptiveDepth:
         drafted = torch.arange(k, device=num_draft.device) < num_draft.unsqueeze(1)  # [B, k]
         self.observe_counts(accepted.shape[0], (accepted[:, :k] & drafted).sum(0).tolist())
 
-    def observe_counts(self, rows: int, accepted: list[int]) -> None:
+    def observe_counts(self, rows: int, accepted: list[int], tokens: int | None = None) -> None:
         """`observe` from host values: rows verified (the batch size, whose octave the
         counts go to), and per position j the rows whose drafts 0..j were all accepted
-        (and drafted); trees: per node j, the rows whose accepted path went through it."""
+        (and drafted); trees: per node j, the rows whose accepted path went through it.
+        `tokens`: what the rows recorded (None: every accepted draft and bonus token)."""
         k = min(len(accepted), self.k_max)
         if k == 0:
             return
         acc = accepted[:k]
         self._decay(below_prior=False)  # the others relax in choose() (`_settle`)
+        b = self.octave(rows)
+        waste = self._waste.setdefault(b, [0.0, 0.0])  # decayed (tokens lost, rows)
+        waste[0] *= self.decay
+        waste[1] = waste[1] * self.decay + rows
+        if tokens is not None:
+            waste[0] += max(rows + sum(accepted) - tokens, 0)
         # position j is *reached* when 0..j-1 were accepted (drafted or not: an empty
         # position was verified all the same, and rejected); a tree's every node is
         reached = [rows] * k if self.tree else [rows, *acc[:-1]]
-        b = self.octave(rows)
         if b not in self._counts:
             self._counts[b] = ([0.0] * self.k_max, [0.0] * self.k_max)
         counts_r, counts_a = self._counts[b]

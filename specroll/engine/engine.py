@@ -432,7 +432,7 @@ class Engine:
             self.stats.observe_counts(n, K, total, h_draft, acc_pos, drafted_pos)
             self.stats.draft_nodes += sum(h_nodes)
             if acc_drafted:
-                self.depth.observe_counts(n, acc_drafted)
+                self.depth.observe_counts(n, acc_drafted, total)
             if hits is not None:
                 self.stats.observe_tree(n, acc_drafted)
             # first draft positions only: deep positions of a healthy draft are rarely
