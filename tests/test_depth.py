@@ -144,6 +144,21 @@ def test_tokens_cut_after_a_predicted_stop_are_not_counted_as_gained():
     assert e.expected_tokens(1, 8) > 1.95 and e.expected_tokens(0, 8) == 1.0
 
 
+def test_a_gain_within_the_margin_is_not_taken():
+    """Verification as cheap as plain decoding and 1 % of drafts kept: drafting would
+    gain 1 %, inside the estimates' error, so plain decoding is kept."""
+    picks = {}
+    for margin in (0.0, 0.02):
+        d = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, decay=1.0, margin=margin)
+        for _ in range(100):
+            d.observe_counts(100, [1])
+        assert d.expected_tokens(1, 100) == pytest.approx(1.01, abs=0.001)
+        picks[margin] = d.best(100)
+    assert picks == {0.0: 1, 0.02: 0}
+    with pytest.raises(ValueError, match="margin"):
+        AdaptiveDepth(CostModel(fixed=1.0), margin=-0.1)
+
+
 def test_a_batch_far_from_paying_stays_plain_without_deciding_again():
     """Where every depth is predicted far below plain decoding (a rollout's large-batch
     head), the policy re-decides only every `quiet` iterations: the same choices, a

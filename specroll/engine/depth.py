@@ -173,7 +173,8 @@ class AdaptiveDepth:
     """Fewest pseudo-drafts of that shrinkage, however much the octaves disagree."""
     relax: float = 0.998
     """Decay per plain iteration of the counts of estimates below the prior (so that
-    drafting is probed again; ~0.7 / (1 - relax) plain iterations forget half)."""
+    drafting is probed again; ~0.7 / (1 - relax) plain iterations forget half); a tree's
+    node i relaxes at relax^(1 / (i + 1))."""
     window: int = 16
     """Measured/predicted time ratios kept per (k, batch octave); their median is used."""
     refresh: int = 64
@@ -181,6 +182,11 @@ class AdaptiveDepth:
     probe_margin: float = 0.9
     """While decoding plainly, re-try the best depth only if predicted at least this
     fraction of plain decoding's tokens/s."""
+    margin: float = 0.02
+    """Predicted gain a depth needs over plain decoding to be chosen: the estimates err
+    towards optimism (a prior above what most drafters keep, relaxed towards; a tail
+    shrunk towards a head that accepts more), and a choice within a few percent of plain
+    decoding gains nothing measurable when right and loses when wrong."""
     quiet: int = 8
     """Iterations at a batch octave that keep plain decoding without re-deciding, once
     every depth is predicted below probe_margin^2 of its tokens/s (the large-batch head
@@ -211,6 +217,8 @@ class AdaptiveDepth:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if self.window < 1 or self.refresh < 1:
             raise ValueError(f"window and refresh must be >= 1, got {self.window}, {self.refresh}")
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
         if self.quiet < 0:
             raise ValueError(f"quiet must be >= 0, got {self.quiet}")
         # batch octave -> decayed (reached, accepted) per draft position (Python floats:
@@ -329,13 +337,19 @@ class AdaptiveDepth:
         factor = (self.relax if below_prior else self.decay) ** times
         if factor == 1.0:
             return
+        # a tree's node i relaxes i + 1 times slower (as its prior weighs): the budget
+        # that re-measures it costs ~(i + 1)x more, and a relaxed deep node would bring
+        # back the prior's optimism for a big tree (32 nodes: 2 tokens), which a row
+        # drafting alone pays ~2.6 plain iterations to measure again
+        slow = self.tree and below_prior
         # on the pooled estimate: every octave's counts of a position decay alike, so
         # their sum decays as one pooled count would
         for j, a in enumerate(self._alphas()):
             if (a < self._prior[j]) == below_prior:
+                f = factor ** (1 / (j + 1)) if slow else factor
                 for reached, accepted in (self._pool, *self._counts.values()):
-                    reached[j] *= factor
-                    accepted[j] *= factor
+                    reached[j] *= f
+                    accepted[j] *= f
 
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
         """num_draft: [B] tokens drafted per row; accepted: [B, k] per-position accept flags
@@ -526,8 +540,10 @@ class AdaptiveDepth:
         return {k: B * taus[k] / max(t, 1e-12) for k, t in self._times(B, ctx, ks).items()}
 
     def best(self, batch_size: int, ctx: float = 0.0) -> int:
-        """The depth with the highest expected tokens/s (no exploration)."""
+        """The depth with the highest expected tokens/s, plain decoding's raised by
+        `margin` (no exploration)."""
         rates = self._rates(batch_size, ctx, self.sizes)
+        rates[0] *= 1 + self.margin
         return max(self.sizes, key=rates.__getitem__)
 
     def _next(self, k: int, step: int) -> int | None:
@@ -542,6 +558,7 @@ class AdaptiveDepth:
         if it < self._quiet.get(b, 0):
             return 0
         rates = self._rates(batch_size, ctx, self.sizes)
+        rates[0] *= 1 + self.margin  # drafting must beat plain decoding by a margin
         best = max(self.sizes, key=rates.__getitem__)
         top = max((j for j in self.sizes[1:] if (b, j) in self._logr), default=0)
         deeper = self._next(top, 1)  # one step deeper than measured here
