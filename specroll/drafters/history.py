@@ -190,11 +190,11 @@ class HistoryDrafter(Drafter):
         if B == 0:
             return
         ends = (pos[:B] + 1).tolist()  # tokens known per row
-        self._extend(list(range(B)), ends)
+        self._extend(self.slots[:B], list(range(B)), ends)
 
-    def _extend(self, slots: list[int], ends: list[int]) -> None:
-        """Rows `slots`' tokens (and n-grams) through history[slot, :end], one read-back."""
-        rows = [self.slots[b] for b in slots]
+    def _extend(self, rows: list[_Row], slots: list[int], ends: list[int]) -> None:
+        """`rows` (at `slots`): their tokens (and n-grams) through history[slot, :end], in
+        one read-back."""
         known = [len(row.tokens) for row in rows]
         width = max(e - k for e, k in zip(ends, known, strict=True))
         if width <= 0:
@@ -214,9 +214,7 @@ class HistoryDrafter(Drafter):
         if row is not None:
             end = len(row.prompt.ids) + generated  # the rollout: prompt and output
             if self.learn and end > len(row.tokens) and self._tokens is not None:
-                self.slots[slot] = row  # (`_extend` reads the row at its slot)
-                self._extend([slot], [end])
-                self.slots[slot] = None
+                self._extend([row], [slot], [end])
             # what followed a stop token may have entered the history, not the rollout:
             # cut it (n-grams indexed past the end point past it: `find` skips them)
             del row.tokens[end:]
