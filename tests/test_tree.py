@@ -230,7 +230,8 @@ def test_a_full_fan_is_exact_and_a_tree_mask_that_leaks_siblings_fails(target, m
 
         monkeypatch.setattr(transformer, "attention_layout", leaky)
     engine = Engine(target, EngineConfig(max_batch=512), FullFan(), FixedDepth(32))
-    counts = sample_joint(engine, N, 1.0, 0, 1.0, mixed=False)
+    # the leak is gross (p underflows to 0 at 6k samples): a fifth of the samples rejects it
+    counts = sample_joint(engine, N // 5 if broken else N, 1.0, 0, 1.0, mixed=False)
     assert engine.stats.per_position[0] == 1.0
     exact = exact_joint(target, 1.0, 0, 1.0)
     if broken:
@@ -304,10 +305,11 @@ def test_conditional_law_with_the_history_held_fixed_and_the_replay_control_fail
         logits = old_policy(torch.tensor([PROMPT + old])).logits[0, len(PROMPT) - 1 :]
     q = probs_from_logits(logits, RowSampling.full(len(logits), t, k, p))  # [len+1, V]
     replay = Engine(target, EngineConfig(max_batch=512), ReplayDrafter(old, q[:-1]), FixedDepth(3))
-    replayed = sample_joint(replay, N, t, k, p, mixed=False)
+    n = N // 5  # the bias is gross (p underflows to 0 at 6k samples, 7 % against 0.3 %)
+    replayed = sample_joint(replay, n, t, k, p, mixed=False)
     assert chi2_pvalue(replayed, exact) < 1e-6
     i = old[0] * VOCAB**2 + old[1] * VOCAB + old[2]
-    assert replayed[i] / N > exact[i] + 0.02  # biased towards the old rollout
+    assert replayed[i] / n > exact[i] + 0.02  # biased towards the old rollout
 
 
 class PlantedPath(Drafter):
