@@ -151,17 +151,26 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 4, figsize=(20, 4))
-        for name, by_step in data.items():
+        # one colour per drafter in every panel; shrinking markers keep equal values visible
+        for i, (name, by_step) in enumerate(data.items()):
             xs = sorted(by_step)
+            style = {"color": f"C{i}", "marker": "o", "markersize": 9 - 1.5 * i, "label": name}
             for ax, field in zip(axes, FIELDS, strict=True):
                 ys = [by_step[s].get(field) for s in xs]
                 if any(y is not None for y in ys):
-                    ax.plot(xs, ys, marker="o", label=name)
+                    ax.plot(xs, ys, **style)
                 ax.set_title(field.replace("_", " "))
                 ax.set_xlabel("step")
         axes[2].axhline(1.0, color="grey", lw=0.8)
         rs = [(m["step"], m["reward"]) for m in lines if "reward" in m]
-        axes[3].plot([s for s, _ in rs], [r for _, r in rs], color="black", lw=0.6, alpha=0.4)
+        axes[3].plot(
+            [s for s, _ in rs],
+            [r for _, r in rs],
+            color="black",
+            lw=0.6,
+            alpha=0.4,
+            label="every step",
+        )
         axes[3].set_title("reward of each drafter's samples (same weights)")
         axes[0].legend()
         axes[3].legend()
