@@ -63,9 +63,19 @@ def targets(target) -> dict[str, Transformer]:
     return {"fp32": target, "bf16": for_inference(spec_model(0), "cpu", torch.bfloat16)}
 
 
+# The n-gram drafter's q is a point mass whatever the setting: temperature changes only p
+# there, so its plain T = 1.0 and T = 1.5 cases run under -m slow (T = 0.7, top-k and top-p
+# stay in the default suite); every other drafter samples q from the setting, all of them.
+SLOW_CASES = {("ngram", 1.0, 0, 1.0), ("ngram", 1.5, 0, 1.0)}
+JOINT_CASES = [
+    pytest.param(d, *s, marks=pytest.mark.slow if (d, *s) in SLOW_CASES else ())
+    for d in ("ngram", "draft_model", "eagle3", "mtp")
+    for s in SETTINGS
+]
+
+
 @pytest.mark.parametrize("dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("t,k,p", SETTINGS)
-@pytest.mark.parametrize("drafter", ["ngram", "draft_model", "eagle3", "mtp"])
+@pytest.mark.parametrize("drafter,t,k,p", JOINT_CASES)
 def test_joint_distribution_of_three_tokens_matches_plain_decoding(
     targets, drafter, t, k, p, dtype
 ):
@@ -93,7 +103,9 @@ def test_the_same_test_fails_for_a_broken_verifier(targets, drafter, dtype, monk
     monkeypatch.setattr(V, "residual_distribution", lambda p_, q_: p_)
     make = spec_drafters(target)[drafter]
     engine = Engine(target, EngineConfig(max_batch=512), drafter=make(), depth=FixedDepth(3))
-    counts = sample_joint(engine, N, 1.0, 0, 1.0, mixed=False)
+    # a third of the samples: at 10k, p is 7e-25 (ngram, TV 0.06) and underflows to 0
+    # (draft_model, TV 0.2) in fp32
+    counts = sample_joint(engine, N // 3, 1.0, 0, 1.0, mixed=False)
     exact = exact_joint(target, 1.0, 0, 1.0)
     observed = counts.double() / counts.sum()
     assert chi2_pvalue(counts, exact) < 1e-6
