@@ -154,7 +154,8 @@ def main() -> None:
         # one colour per drafter in every panel; shrinking markers keep equal values visible
         for i, (name, by_step) in enumerate(data.items()):
             xs = sorted(by_step)
-            style = {"color": f"C{i}", "marker": "o", "markersize": 9 - 1.5 * i, "label": name}
+            size = max(9 - 1.5 * i, 3)
+            style = {"color": f"C{i}", "marker": "o", "markersize": size, "label": name}
             for ax, field in zip(axes, FIELDS, strict=True):
                 ys = [by_step[s].get(field) for s in xs]
                 if any(y is not None for y in ys):

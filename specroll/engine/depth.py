@@ -539,11 +539,17 @@ class AdaptiveDepth:
         taus = self._taus(self.octave(B))
         return {k: B * taus[k] / max(t, 1e-12) for k, t in self._times(B, ctx, ks).items()}
 
+    def _margined(self, B: int, ctx: float) -> dict[int, float]:
+        """The considered depths' rates, plain decoding's raised by `margin`: drafting
+        must beat it by that much to be chosen."""
+        rates = self._rates(B, ctx, self.sizes)
+        rates[0] *= 1 + self.margin
+        return rates
+
     def best(self, batch_size: int, ctx: float = 0.0) -> int:
         """The depth with the highest expected tokens/s, plain decoding's raised by
         `margin` (no exploration)."""
-        rates = self._rates(batch_size, ctx, self.sizes)
-        rates[0] *= 1 + self.margin
+        rates = self._margined(batch_size, ctx)
         return max(self.sizes, key=rates.__getitem__)
 
     def _next(self, k: int, step: int) -> int | None:
@@ -557,8 +563,7 @@ class AdaptiveDepth:
         it = self._iters[b] = self._iters.get(b, 0) + 1
         if it < self._quiet.get(b, 0):
             return 0
-        rates = self._rates(batch_size, ctx, self.sizes)
-        rates[0] *= 1 + self.margin  # drafting must beat plain decoding by a margin
+        rates = self._margined(batch_size, ctx)
         best = max(self.sizes, key=rates.__getitem__)
         top = max((j for j in self.sizes[1:] if (b, j) in self._logr), default=0)
         deeper = self._next(top, 1)  # one step deeper than measured here
