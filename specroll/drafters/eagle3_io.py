@@ -13,7 +13,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head, Embed
-from specroll.model.config import ModelConfig
+from specroll.model.config import ModelConfig, check_draft_size
 from specroll.model.transformer import Transformer
 from specroll.outputs import atomic_path, write_text
 
@@ -98,6 +98,7 @@ def config_from_hf(hf: dict[str, Any], target_cfg: ModelConfig) -> Eagle3Config:
     aux = hf.get("eagle_aux_hidden_state_layer_ids") or (2, L // 2, L - 3)
     if len(aux) != 3 or not all(0 <= i <= L for i in aux):
         raise ValueError(f"eagle_aux_hidden_state_layer_ids={aux} invalid for {L} target layers")
+    check_draft_size(layer, target_cfg, "the EAGLE-3 config")
     return Eagle3Config.from_layer(
         layer,
         hf.get("draft_vocab_size") or layer.vocab_size,

@@ -36,7 +36,7 @@ from torch import nn
 
 from specroll.drafters.base import FeatureDrafter
 from specroll.drafters.ttt import Unroll
-from specroll.model.config import ModelConfig
+from specroll.model.config import ModelConfig, check_draft_size
 from specroll.model.kv_cache import KVCache, LayerKV
 from specroll.model.ops import Rotary, attention_layout, rms_norm
 from specroll.model.packed import packed_mm as _mm
@@ -132,6 +132,7 @@ class MTPDraft(nn.Module):
         for name in ("hidden_size", "vocab_size"):
             if (a := getattr(cfg.layer, name)) != (b := getattr(target.cfg, name)):
                 raise ValueError(f"MTP {name}={a} differs from the target's {b}")
+        check_draft_size(cfg.layer, target.cfg, "the MTP config")
         self.cfg = cfg
         self.heads = nn.ModuleList(MTPHead(cfg) for _ in range(cfg.num_heads_mtp))
         self.rotary = Rotary(cfg.layer)

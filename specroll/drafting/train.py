@@ -34,6 +34,7 @@ from specroll.drafters.trainable import KINDS, TrainableDraft, save_draft
 from specroll.drafters.ttt import loss_mask, ttt_loss, ttt_unroll
 from specroll.drafting.data import DraftData, Sequence
 from specroll.model.transformer import Transformer
+from specroll.model.untrusted import UnreadableFile, load_tensors
 
 
 @dataclass
@@ -269,7 +270,7 @@ def train_draft(
     aux = data.aux_layers
     state = None
     if resume and state_path.exists():
-        state = torch.load(state_path, weights_only=False)
+        state = _trainer_state(state_path)
         if state["config"] != asdict(cfg):
             raise ValueError(
                 f"{state_path} was written with other settings; resume with the same ones"
@@ -327,6 +328,22 @@ def train_draft(
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     net.eval()
     return out
+
+
+TRAINER_STATE = {"step": int, "net": dict, "optimizer": dict, "config": dict}
+"""What `trainer.pt` holds (and `vocab`: the EAGLE-3 draft vocabulary, or None)."""
+
+
+def _trainer_state(path: Path) -> dict:
+    """`trainer.pt`, read as data only (`load_tensors`: a file from elsewhere that asks
+    to run code is refused, naming it) and checked to hold what `_checkpoint` writes."""
+    state = load_tensors(path, "draft trainer state")
+    if not isinstance(state, dict):
+        raise UnreadableFile(f"{path}: not a draft trainer state (a {type(state).__name__})")
+    for key, kind in TRAINER_STATE.items():
+        if not isinstance(state.get(key), kind):
+            raise UnreadableFile(f"{path}: not a draft trainer state ({key} missing)")
+    return state
 
 
 def _initial_draft(

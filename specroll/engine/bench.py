@@ -62,7 +62,8 @@ def _hf_model(model_dir: str, device: torch.device, dtype: torch.dtype):
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False)
+    return hf.to(device).eval()
 
 
 def _hf_generate(hf, tok, prompts: list[list[int]], new_tokens: int) -> int:

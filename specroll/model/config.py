@@ -20,6 +20,10 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+MAX_DRAFT_SHARE = 2
+"""A draft's layers may hold at most this many times its target's parameters (EAGLE-3 is
+one layer; MTP one layer per head): a draft config from elsewhere sizes tensors before
+any weight is read, so it is checked against the target first."""
 
 
 @dataclass
@@ -223,3 +227,15 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     inv = inv / factor * (1 - extrapolation) + inv * extrapolation
     mscale = s.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
     return inv, float(mscale)
+
+
+def check_draft_size(layer: ModelConfig, target: ModelConfig, what: str) -> None:
+    """ValueError naming `what` when a draft whose decoder layers are `layer` would hold
+    more than MAX_DRAFT_SHARE times the parameters of its target (checked before the
+    draft's tensors are allocated)."""
+    n, limit = layer.num_params(), MAX_DRAFT_SHARE * target.num_params()
+    if n > limit:
+        raise ValueError(
+            f"{what} describes a draft of {n:.3g} parameters, more than {MAX_DRAFT_SHARE}x its "
+            f"target's {target.num_params():.3g}: not a draft of this policy"
+        )

@@ -222,7 +222,9 @@ def gguf_to_hf(
         if tokenizer:
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            tok = AutoTokenizer.from_pretrained(
+                str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False
+            )
             tok.save_pretrained(str(tmp))
         # mkdtemp and safetensors create owner-only entries; make the result readable like
         # any other model directory.

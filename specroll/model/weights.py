@@ -116,6 +116,12 @@ def load_model(
         raise ValueError(f"model path {str(model_dir)!r} does not exist")
     cfg = read_config(model_dir)
     hf = _read_tensors(model_dir)
+    held = sum(t.numel() for t in hf.values())
+    if cfg.num_params() > held:  # before the model's tensors are allocated
+        raise ValueError(
+            f"{model_dir / 'config.json'} describes {cfg.num_params():.4g} parameters; the "
+            f"weight files hold {held:.4g}: they do not belong together"
+        )
 
     def take(name: str) -> torch.Tensor:
         if name not in hf:

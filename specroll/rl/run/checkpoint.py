@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from specroll.model.untrusted import UnreadableFile, load_tensors
 from specroll.rl.errors import CheckpointError
 
 FORMAT = 2
@@ -152,10 +153,21 @@ def newest_intact(root: str | Path) -> tuple[Path | None, list[str]]:
 
 def load(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint and restore the global RNG states it saved. Tensors, numbers,
-    strings and containers only (`weights_only`): a checkpoint from elsewhere cannot run
-    code when it is loaded."""
-    state = torch.load(Path(path) / "state.pt", weights_only=True)
+    strings and containers only (`load_tensors`): a checkpoint from elsewhere cannot run
+    code when it is loaded, and one that asks to, or lacks what a checkpoint holds, is
+    refused in one line naming its state.pt (`UnreadableFile`)."""
+    f = Path(path) / "state.pt"
+    state = load_tensors(f)
+    if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
+        raise UnreadableFile(f"{f}: not a specroll checkpoint's state (no config)")
+    try:
+        step, rng = int(state["step"]), state["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise UnreadableFile(
+            f"{f}: not a specroll checkpoint's state (its step or RNG states: {e})"
+        ) from None
+    state["step"] = step
     state["path"] = str(path)  # where a sharded learner state lies (`learner/`)
-    torch.set_rng_state(state["rng"]["torch"])
-    random.setstate(state["rng"]["python"])
     return state

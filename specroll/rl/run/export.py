@@ -11,9 +11,11 @@ unlike the rolling checkpoints, which exist to resume). `specroll export` writes
 a run or a checkpoint (`export_source`).
 
 Every export is written beside its destination and renamed into place, so a reader (or
-a crash) never sees half of one. Weights are written fp32 by `save_model` first and then
-cast and sharded here (`finish`), so one code path serves every learner (a sharded
-learner's rank 0 gathers the fp32 policy; see `learner/`).
+a crash) never sees half of one; a write that fails (a full disk, a file-size limit)
+removes what it wrote and says which file, in one line (`ExportError`). Weights are
+written fp32 by `save_model` first and then cast and sharded here (`finish`), so one code
+path serves every learner (a sharded learner's rank 0 gathers the fp32 policy; see
+`learner/`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specroll import outputs
 from specroll.drafters.trainable import TrainableDraft, save_draft
 from specroll.model.transformer import Transformer
 from specroll.model.weights import save_model
+from specroll.rl.errors import RunError
 
 DEFAULT_SHARD_SIZE = "2GB"
 """Largest weight file of an export (`--max-shard-size`); bigger policies are sharded."""
@@ -40,6 +44,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 WRITES = (*outputs.HF_DIR_FILES, "draft")
 """What an export directory holds (what `--overwrite` may replace)."""
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+class ExportError(RunError):
+    """An export could not be written (nothing of it is left in its destination)."""
+
+
+def _write_failed(dest: Path, what: str, e: BaseException) -> ExportError:
+    """The one line for a write of `what` (the files of one stage of `write`) into the
+    export `dest` that failed (safetensors' errors name no file: `what` does)."""
+    name = getattr(e, "filename", None)
+    where = Path(name).name if name else what
+    why = getattr(e, "strerror", None) or str(e).strip().splitlines()[0]
+    return ExportError(
+        f"could not write the export {dest}: {where}: {why}; {dest} is left as it was"
+    )
 
 
 def parse_size(text: str | int, what: str = "--max-shard-size") -> int:
@@ -151,11 +170,19 @@ def write(
     """The export of `policy` (and `draft`, in dest/draft) in `dest`, written whole."""
     dest = Path(dest)
     stage = stage_dir(dest)
+    what = "model.safetensors"
     try:
         save_model(policy, stage)
+        what = f"the {dtype} weights, the tokenizer and generation_config.json"
         finish(stage, tok_hf, rollout, dtype, max_shard)
+        what = "draft/"
         if draft is not None:
             save_draft(draft, stage / "draft")
+    except (OSError, SafetensorError) as e:  # a full disk, a file-size limit
+        shutil.rmtree(stage, ignore_errors=True)
+        if what == "model.safetensors" and isinstance(e, OSError):
+            what = "config.json"  # save_model's other file (its weights fail as Safetensor)
+        raise _write_failed(dest, what, e) from None
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -166,8 +193,12 @@ def step_export(host, tok_hf, out: Path, step: int, rollout: dict, dtype: str) -
     """`out/exports/step-NNNNNN` from a learner host (`pipeline.export_every`)."""
     dest = Path(out).resolve() / "exports" / f"step-{step:06d}"
     stage = stage_dir(dest)  # host.export writes policy/ and draft/ into it
-    host.export(stage)
-    finish(stage / "policy", tok_hf, rollout, dtype)
+    try:
+        host.export(stage)
+        finish(stage / "policy", tok_hf, rollout, dtype)
+    except (OSError, SafetensorError) as e:  # a full disk, a file-size limit
+        shutil.rmtree(stage, ignore_errors=True)
+        raise _write_failed(dest, "policy/", e) from None
     if (stage / "draft").is_dir():
         (stage / "draft").rename(stage / "policy" / "draft")
     publish(stage / "policy", dest)

@@ -2,8 +2,9 @@
 its draft, its tokenizer and the run's settings.
 
 * a checkpoint directory (`RUN/checkpoints/step-NNNNNN`): checked against its meta.json
-  (a damaged one is refused, saying why), its weights read from `state.pt` (tensors only,
-  `weights_only`) or, for a sharded learner's checkpoint, from its DCP `learner/`; the
+  (a damaged one is refused, saying why), its weights read from `state.pt` or, for a
+  sharded learner's checkpoint, from its DCP `learner/`, both as data only (a file that
+  asks to run code is refused, naming it: `model.untrusted`, `dcp_read`); the
   architecture and tokenizer come from the run's `policy.model`, the draft's architecture
   from the checkpoint (`draft_config`);
 * a run directory: its newest intact checkpoint (damaged newer ones are skipped, and
@@ -13,15 +14,14 @@ its draft, its tokenizer and the run's settings.
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from specroll.drafters.trainable import TrainableDraft, load_draft, new_draft
 from specroll.model.transformer import Transformer
+from specroll.model.untrusted import UnreadableFile, load_tensors
 from specroll.model.weights import load_model, load_state, read_config
+from specroll.rl.learner.fsdp import dcp_read
 from specroll.rl.run import checkpoint
 
 
@@ -124,9 +124,17 @@ def load(src: Source, log=print) -> tuple[Transformer, TrainableDraft | None, ob
         return policy, draft, Tokenizer(src.path / "policy")
     base = _base_dir(src)
     policy = Transformer(read_config(base))
-    state = torch.load(src.path / "state.pt", weights_only=True, mmap=True)
+    state = load_tensors(src.path / "state.pt", mmap=True)
+    if not isinstance(state, dict):
+        raise UnreadableFile(f"{src.path / 'state.pt'}: not a specroll checkpoint's state")
     spec = _draft_spec(src, state)
-    draft = new_draft(spec["kind"], spec["config"], policy) if spec else None
+    try:
+        draft = new_draft(spec["kind"], spec["config"], policy) if spec else None
+    except (TypeError, ValueError, KeyError) as e:  # a draft_config written elsewhere
+        raise UnreadableFile(
+            f"{src.path / 'state.pt'}: its draft_config does not describe a draft of this "
+            f"policy ({e})"
+        ) from None
     if "draft" in state and draft is None:
         log(
             f"warning: {src.path} holds no draft architecture (an older specroll wrote it); "
@@ -137,12 +145,8 @@ def load(src: Source, log=print) -> tuple[Transformer, TrainableDraft | None, ob
         if draft is not None:
             load_state(draft, state["draft"], f"{src.path}: the draft")
     else:  # a sharded learner's checkpoint: read the weights from its DCP state
-        import torch.distributed.checkpoint as dcp
-
         sd = {"policy": policy.state_dict()}
         if draft is not None:
             sd["draft"] = draft.state_dict()
-        with warnings.catch_warnings():  # one process without a group: meant
-            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(sd, checkpoint_id=str(src.path / "learner"))
+        dcp_read.read(sd, src.path / "learner")
     return policy, draft, Tokenizer(base)

@@ -9,11 +9,12 @@ a sharded and a plain learner: `get_state_dict` / `set_state_dict` handle both.
 A single-process checkpoint (`state.pt`: module state dicts and optimizer state dicts
 keyed by parameter index) loads into a sharded learner through `load_full`: the index of
 a parameter is its position in `named_parameters()`, the same in both.
+
+A checkpoint may come from elsewhere: `load` reads it through `dcp_read`, as data only.
 """
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
@@ -26,6 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
     set_state_dict,
 )
+
+from specroll.rl.learner.fsdp import dcp_read
 
 
 def _pairs(learner, draft) -> list[tuple[str, torch.nn.Module, torch.optim.Optimizer | None]]:
@@ -54,11 +57,10 @@ def save(learner, draft, path: str | Path) -> None:
 
 
 def load(learner, draft, path: str | Path) -> None:
-    """Read a DCP learner state written with any number of ranks into this learner."""
+    """Read a DCP learner state written with any number of ranks into this learner
+    (`dcp_read`: as data; a file that asks to run code is refused, naming it)."""
     sd = state_dicts(learner, draft)
-    with warnings.catch_warnings():  # one process without a group: meant (2 -> 1)
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(sd, checkpoint_id=str(path))
+    dcp_read.read(sd, path)
     for name, module, opt in _pairs(learner, draft):
         if opt is None:
             set_model_state_dict(module, sd[name])

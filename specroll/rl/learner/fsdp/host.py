@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 
 from specroll.drafters.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
+from specroll.model.untrusted import UnreadableFile
 from specroll.rl.algo.batch import Batch
 from specroll.rl.config import TrainConfig
 from specroll.rl.errors import LearnerRankError, NonFiniteError
@@ -105,7 +106,7 @@ class FSDPLearnerHost(ShardedCheckpoints):
         return self._collect(name, stream)
 
     def _collect(self, name: str, stream: list | None = None):
-        pending, answer, nonfinite = set(range(self.world)), None, None
+        pending, answer, nonfinite, refused = set(range(self.world)), None, None, None
         while pending:
             try:
                 kind, rank, value = self.results.get(timeout=POLL_S)
@@ -117,6 +118,9 @@ class FSDPLearnerHost(ShardedCheckpoints):
             elif kind == "nonfinite":
                 pending.discard(rank)
                 nonfinite = nonfinite or value
+            elif kind == "refused":  # a checkpoint file read as data only: one line
+                pending.discard(rank)
+                refused = refused or value
             elif kind == "err":
                 # a peer's death shows on the survivors as a broken collective: name
                 # the dead rank rather than the symptom when there is one
@@ -131,6 +135,8 @@ class FSDPLearnerHost(ShardedCheckpoints):
                     answer = value
         if nonfinite is not None:
             raise NonFiniteError(nonfinite)
+        if refused is not None:
+            raise UnreadableFile(refused)
         return answer
 
     def _check_alive(self, name: str) -> None:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from specroll.device import resolve_dtype
 from specroll.drafters.trainable import save_draft
 from specroll.model.transformer import Transformer
+from specroll.model.untrusted import UnreadableFile, load_tensors
 from specroll.model.weights import save_model
 from specroll.rl.algo.batch import Batch
 from specroll.rl.config import TrainConfig
@@ -86,9 +87,10 @@ class RankLearner:
 
     def load(self, ckpt: str, full: bool, emit: Callable) -> None:
         """From checkpoint directory `ckpt`: its `learner/` (DCP), or (`full`) the
-        single-process state in its `state.pt` (every rank reads it, memory-mapped)."""
+        single-process state in its `state.pt` (every rank reads it, memory-mapped). Both
+        are read as data: a file that asks to run code is refused (`UnreadableFile`)."""
         if full:
-            state = torch.load(Path(ckpt) / "state.pt", weights_only=True, mmap=True)
+            state = load_tensors(Path(ckpt) / "state.pt", mmap=True)
             dcp.load_full(self.learner, self.draft, state)
         else:
             dcp.load(self.learner, self.draft, Path(ckpt) / "learner")
@@ -159,6 +161,8 @@ def serve(rank, world, init, cfg, spec, policy_state, draft_state, cmds, results
             results.put(("ok", rank, value if rank == 0 else None))
         except NonFiniteError as e:  # every rank skipped the same update: still in step
             results.put(("nonfinite", rank, str(e)))
+        except UnreadableFile as e:  # every rank refused the same checkpoint file
+            results.put(("refused", rank, str(e)))
         except Exception:
             results.put(("err", rank, traceback.format_exc()))
             break

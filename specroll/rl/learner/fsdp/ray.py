@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from specroll.drafters.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
+from specroll.model.untrusted import UnreadableFile
 from specroll.rl.algo.batch import Batch
 from specroll.rl.cluster import connect
 from specroll.rl.config import TrainConfig
@@ -108,6 +109,10 @@ class RayFSDPLearnerHost(ShardedCheckpoints):
             )
             self.close()
             raise LearnerRankError(self.failed) from None
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, UnreadableFile):  # a refused checkpoint file: one line
+                raise UnreadableFile(str(e.cause)) from None
+            raise
 
     def _call(self, name: str, *args):
         if self.failed:
