@@ -8,6 +8,12 @@ taken as it is. `math` compares with math-verify (numbers, fractions, LaTeX), no
 strings; `exact_match` compares normalised text; `format` only asks that the completion
 commits to an answer the extractor can read.
 
+A policy can write anything, so reading a completion takes time linear in its length:
+the line patterns have no two quantifiers that can share a character (no backtracking
+across lines or runs of spaces), a `\\boxed{` is scanned for at most MAX_ANSWER_CHARS,
+and math-verify (whose parser is superlinear on some short inputs) is handed at most
+MAX_ANSWER_CHARS under its own time bound. A final answer longer than that is no answer.
+
 Every built-in has the signature of user reward functions (`specroll.tasks.rewards`):
 fn(prompt, completion, record) -> float, with the ground truth in record["answer"].
 """
@@ -17,26 +23,57 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-# "Answer: 12", "**Answer:** 12", "answer : 12" (markdown bold around the label allowed)
+MAX_ANSWER_CHARS = 512
+"""The longest final answer read: a `\\boxed{}` still open after this many characters
+is unreadable (as an unclosed one is), a longer `Answer:` / `####` value commits to
+nothing, and `math` gives 0 rather than hand a longer text to math-verify."""
+MATH_VERIFY_TIMEOUT_S = 1
+"""math-verify's own bound on each parse and comparison (whole seconds: it uses
+signal.alarm, 1 is the least); nested brackets or towers of powers of a few dozen
+characters take it seconds."""
+
+# "Answer: 12", "**Answer:** 12", "answer : 12" (markdown bold around the label allowed);
+# the value may start on a later line ("Answer:\n72"). Whitespace before the label stays
+# on its line, and each run of spaces or stars can be matched one way only.
 _ANSWER_LINE = re.compile(
-    r"^\s*\**\s*answer\s*\**\s*[:：]\s*\**\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE
+    r"^[^\S\n]*(?:\*+[^\S\n]*)?answer\s*(?:\*+\s*)?[:：]\s*(?:\*+\s*)?(\S(?:.*\S)?)",
+    re.IGNORECASE | re.MULTILINE,
 )
 # "#### 72" (GSM8K's final-answer line)
-_HASH_LINE = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+_HASH_LINE = re.compile(r"^[^\S\n]*####\s*(\S(?:.*\S)?)", re.MULTILINE)
 _NUMBER = re.compile(r"-?\$?\d{1,3}(,\d{3})+(\.\d+)?")
+_BRACES = re.compile(r"[{}]")
+_LABELS = ((_ANSWER_LINE, re.compile("answer", re.IGNORECASE)), (_HASH_LINE, re.compile("####")))
+"""Each line pattern with its label: the scan starts at the line of the label's first
+occurrence (a text without it costs one literal search)."""
 
 
 def _last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...}, with nested braces balanced."""
+    """Content of the last \\boxed{...}, with nested braces balanced (None: unclosed within
+    MAX_ANSWER_CHARS)."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
-    i, depth = start + len("\\boxed{"), 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
+    i = start + len("\\boxed{")
+    depth = 1
+    for m in _BRACES.finditer(text, i, i + MAX_ANSWER_CHARS + 1):
+        depth += 1 if m.group() == "{" else -1
         if depth == 0:
-            return text[i:j].strip()
+            return text[i : m.start()].strip()
     return None
+
+
+def _last_line(text: str) -> re.Match | None:
+    """The last `Answer:` or `####` line (the later of the two patterns' last matches)."""
+    last = None
+    for pattern, label in _LABELS:
+        first = label.search(text)
+        if first is None:
+            continue
+        for m in pattern.finditer(text, text.rfind("\n", 0, first.start()) + 1):
+            if last is None or m.start() > last.start():
+                last = m
+    return last
 
 
 def _clean(answer: str) -> str:
@@ -52,10 +89,9 @@ def extract_answer(text: str) -> str | None:
     boxed = _last_boxed(text)
     if boxed:
         return boxed
-    lines = [m for p in (_ANSWER_LINE, _HASH_LINE) for m in p.finditer(text)]
-    if not lines:
+    last = _last_line(text)
+    if last is None or len(last.group(1)) > MAX_ANSWER_CHARS:
         return None
-    last = max(lines, key=lambda m: m.start())
     return _clean(last.group(1)) or None
 
 
@@ -66,14 +102,24 @@ def gold_answer(gold: str) -> str:
 
 
 def math_reward(completion: str, gold: str) -> float:
-    """1.0 if the extracted answer equals `gold` under math-verify, else 0.0."""
-    from math_verify import parse, verify
-
+    """1.0 if the extracted answer equals `gold` under math-verify, else 0.0 (also when
+    either is longer than MAX_ANSWER_CHARS)."""
     answer = extract_answer(completion)
     if answer is None:
         return 0.0
+    truth = gold_answer(gold)
+    if len(truth) > MAX_ANSWER_CHARS:
+        return 0.0
+    from math_verify import parse, verify
+
     try:
-        return float(verify(parse(f"${gold_answer(gold)}$"), parse(f"${answer}$")))
+        t = MATH_VERIFY_TIMEOUT_S
+        got = verify(
+            parse(f"${truth}$", parsing_timeout=t),
+            parse(f"${answer}$", parsing_timeout=t),
+            timeout_seconds=t,
+        )
+        return float(got)
     except Exception:  # math-verify raises on unparsable input: a wrong answer, not a crash
         return 0.0
 
@@ -102,11 +148,21 @@ BUILTINS: dict[str, Callable[[str, str, dict], float]] = {
     "exact_match": lambda prompt, completion, record: exact_match_reward(completion, _gold(record)),
     "format": lambda prompt, completion, record: format_reward(completion),
 }
-"""Built-in reward name -> fn(prompt, completion, record) (they run in the trainer's
-process: they are ours, and fast)."""
+"""Built-in reward name -> fn(prompt, completion, record). They run in the reward worker
+with the user's functions (`reward_worker`), under the same `reward.timeout_s`: a
+completion is the policy's text, and math-verify's parser can take seconds on it."""
 
 NEEDS_ANSWER = ("math", "exact_match")
 """Built-ins that compare with the record's answer (its records must have one)."""
+
+
+def builtin(name: str) -> Callable[[str, str, dict], float]:
+    """The built-in `name` with the libraries it calls imported (math-verify takes ~0.4 s:
+    paid when the worker loads, not by the first call under its timeout)."""
+    if name == "math":
+        import math_verify  # noqa: F401
+
+    return BUILTINS[name]
 
 
 def _gold(record: dict) -> str:

@@ -6,7 +6,10 @@ directory or the Python path). `check` validates them before any model is loaded
 running the user's code: the file or module must exist and define `fn` at its top level
 (read from its syntax tree; the module's packages are found, not imported). `load` imports
 them, and runs in the reward worker (`reward_worker`), never in the trainer's process.
-`check_value` is the one rule for what a reward function may return.
+The same function named twice (`rw/x.py:f` and `./rw/x.py:f`) is refused, as it would be
+counted twice. `check_value` is the one rule for what a reward function may return: a
+finite number within MAX_REWARD, or a dict of at most MAX_COMPONENTS of them under short
+names (each becomes a metric).
 """
 
 from __future__ import annotations
@@ -17,15 +20,28 @@ import importlib.util
 import math
 import numbers
 import os
+import re
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specroll.tasks.reward import BUILTINS
+from specroll.tasks.reward import BUILTINS, builtin
 
 SIGNATURE = "fn(prompt: str, completion: str, record: dict) -> float | dict[str, float]"
 """The one signature of a reward function."""
+MAX_REWARD = 1e6
+"""The largest |value| a function (or a component) may return: far beyond any sensible
+reward, and small enough that weighted sums and advantages stay finite."""
+MAX_COMPONENTS = 32
+"""The most named components a function may return (over a step's samples too): each is
+a metric of its own."""
+COMPONENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+"""A component's name: a letter or '_', then letters, digits, '_', '.', '-' (at most 32
+characters): it becomes part of a metric name in every logger."""
+MAX_SOURCE_BYTES = 4 << 20
+"""The largest reward file the check reads (a module of Python source, not data)."""
 
 
 @dataclass(frozen=True)
@@ -88,9 +104,20 @@ def check(texts: tuple[str, ...] | list[str]) -> list[Ref]:
     twice = sorted({t for t in seen if seen.count(t) > 1})
     if twice:
         raise ValueError(f"reward.functions names {', '.join(twice)} more than once")
+    where: dict[tuple[str, str], Ref] = {}
     for r in refs:
+        key = (r.target, "")
         if not r.builtin:
-            _check_defined(r, _source(r))
+            path = _source(r)
+            _check_defined(r, path)
+            key = (str(path.resolve()) if path is not None else r.target, r.function)
+        if key in where:
+            raise ValueError(
+                f"reward.functions names one function twice: {where[key].text!r} and "
+                f"{r.text!r} are both {r.function!r} of {key[0]}; list it once (a weight in "
+                f"reward.weights counts it more)"
+            )
+        where[key] = r
     return refs
 
 
@@ -98,8 +125,14 @@ def _source(ref: Ref) -> Path | None:
     """The file that defines `ref` (None: a module without Python source to read)."""
     if ref.is_file:
         path = Path(ref.target)
-        if not path.is_file():
-            raise ValueError(f"reward.functions: {ref.text!r}: no such file {path}")
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            raise ValueError(f"reward.functions: {ref.text!r}: no such file {path}") from None
+        if not stat.S_ISREG(mode):
+            raise ValueError(
+                f"reward.functions: {ref.text!r}: {path} is {_kind(mode)}, not a Python file"
+            )
         return path
     spec = None
     search = [os.getcwd(), *sys.path]
@@ -109,6 +142,14 @@ def _source(ref: Ref) -> Path | None:
         spec = importlib.machinery.PathFinder.find_spec(name, search)
         if spec is None and i == 0:
             spec = importlib.util.find_spec(name)  # built-in and frozen modules
+        if spec is None and i > 0 and not search:
+            parent = ".".join(parts[:i])
+            raise ValueError(
+                f"reward.functions: {ref.text!r}: {parent!r} is a module, not a package, so "
+                f"{name!r} is no module file of its own (a name {parent!r} may set when "
+                f"imported, as os.path is; the check runs no code to find it): name the "
+                f"module that defines the function, or its file as 'path/to/file.py:function'"
+            )
         if spec is None:
             raise ValueError(
                 f"reward.functions: {ref.text!r}: no module {name!r} (looked in the working "
@@ -125,10 +166,21 @@ def _check_defined(ref: Ref, path: Path | None) -> None:
     if path is None:
         return
     try:
+        size = path.stat().st_size
+        if size > MAX_SOURCE_BYTES:
+            raise ValueError(
+                f"reward.functions: {ref.text!r}: {path} holds {size} bytes, more than a "
+                f"reward module may ({MAX_SOURCE_BYTES >> 20} MiB)"
+            )
         tree = ast.parse(path.read_text(), str(path))
     except SyntaxError as e:
         raise ValueError(
             f"reward.functions: {ref.text!r}: {path} is not valid Python (line {e.lineno}: {e.msg})"
+        ) from None
+    except (RecursionError, MemoryError) as e:  # e.g. an expression of 200,000 terms
+        raise ValueError(
+            f"reward.functions: {ref.text!r}: {path} is nested too deeply for Python to "
+            f"parse ({type(e).__name__}); split its long expressions"
         ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"reward.functions: {ref.text!r}: cannot read {path} ({e})") from None
@@ -166,7 +218,10 @@ def _top_level_names(body: list[ast.stmt]) -> tuple[set[str], bool]:
 
 
 def load(ref: Ref, index: int) -> Callable:
-    """Import the user's function (runs the user's module: call this in the worker)."""
+    """The function: a built-in, or the user's imported (runs the user's module: call
+    this in the worker)."""
+    if ref.builtin:
+        return builtin(ref.target)
     if ref.is_file:
         path = Path(ref.target).resolve()
         sys.path.insert(0, str(path.parent))  # its sibling modules import as they would
@@ -188,10 +243,23 @@ def check_value(value) -> float | dict[str, float]:
     if isinstance(value, dict):
         if not value:
             raise TypeError("returned an empty dict (expected {name: float, ...})")
+        if len(value) > MAX_COMPONENTS:
+            raise ValueError(
+                f"returned a dict of {len(value)} components, more than {MAX_COMPONENTS} "
+                f"(each is a metric)"
+            )
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"returned a dict with a key that is not a string: {k!r}")
+                raise TypeError(
+                    f"returned a dict with a key that is not a string: {_short(repr(k))}"
+                )
+            if not COMPONENT_NAME.fullmatch(k):
+                raise ValueError(
+                    f"returned a component named {_short(repr(k))}: a component's name is a "
+                    f"metric's, a letter or '_' then letters, digits, '_', '.' or '-' (at most "
+                    f"32 characters)"
+                )
             out[k] = _number(v, f"component {k!r} is ")
         return out
     return _number(value, "returned ")
@@ -203,9 +271,32 @@ def _number(value, what: str) -> float:
             f"{what}{type(value).__name__} {_short(repr(value))} (expected a float or a "
             f"dict of floats: {SIGNATURE})"
         )
-    if not math.isfinite(float(value)):
-        raise ValueError(f"{what}{float(value)} (rewards must be finite)")
-    return float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int (or a fraction) beyond any float
+        x = math.inf if value > 0 else -math.inf
+    if math.isnan(x):
+        raise ValueError(f"{what}{x} (rewards must be finite)")
+    if abs(x) > MAX_REWARD:
+        shown = _short(repr(value)) if math.isinf(x) else f"{x:g}"
+        raise ValueError(
+            f"{what}{shown} (rewards must be finite, within +-{MAX_REWARD:g}: scale it down)"
+        )
+    return x
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def _short(text: str, n: int = 60) -> str:

@@ -11,19 +11,22 @@ function's value. The reward of a sample is the weighted sum of the functions' v
 A function must be a pure function of its arguments: a resumed run scores the same
 completions again and must get the same rewards.
 
-Built-ins (`tasks.reward.BUILTINS`) run here; user functions run in a worker process
-(`reward_worker`), so a function that raises, hangs past `reward.timeout_s`, returns NaN
-or the wrong type fails the step with a `RewardError` naming the function and the record,
-with the user's traceback, before anything is updated.
+Every function, built-in (`tasks.reward.BUILTINS`) or the user's, runs in one worker
+process (`reward_worker`) under `reward.timeout_s` per call: a function that raises, hangs
+past it, returns NaN, a value beyond MAX_REWARD (`reward_refs`) or the wrong type fails
+the step with a `RewardError` naming the function and the record, with the user's
+traceback, before anything is updated; a stop request (the trainer's `stop` callback)
+ends the stage within `reward_worker.POLL_S`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specroll.tasks import reward_refs
-from specroll.tasks.reward import BUILTINS, NEEDS_ANSWER, extract_answer, gold_answer
+from specroll.tasks.reward import NEEDS_ANSWER, extract_answer, gold_answer
 from specroll.tasks.reward_worker import CallError, RewardWorker
 
 
@@ -62,57 +65,51 @@ class RewardSet:
         self.names = reward_refs.names(self.refs)
         self.weights = [float(w) for w in weights] or [1.0] * len(self.refs)
         self.user = [r for r in self.refs if not r.builtin]
-        self.worker = RewardWorker(self.user, timeout_s) if self.user else None
+        self.worker = RewardWorker(self.refs, timeout_s)
 
     def start(self) -> None:
-        """Import the user's functions in the worker now (an import error fails here, not
-        after the first step's generation)."""
-        if self.worker is not None:
-            try:
-                self.worker.start()
-            except CallError as e:
-                raise RewardError(f"reward.functions: {e.summary}{_indented(e.details)}") from None
+        """Start the worker; with user functions, wait until it has imported them (an
+        import error fails here, not after the first step's generation). Built-ins alone
+        load while the first step generates."""
+        try:
+            self.worker.start(wait=bool(self.user))
+        except CallError as e:
+            raise RewardError(f"reward.functions: {e.summary}{_indented(e.details)}") from None
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
+        self.worker.close()
 
-    def score(self, samples: list[Sample]) -> Scores:
-        """Every function on every sample; RewardError at the first that fails."""
-        values: dict[str, list] = {}
-        for ref, name in zip(self.refs, self.names, strict=True):
-            if ref.builtin:
-                values[name] = [self._builtin(ref, s) for s in samples]
-        if self.worker is not None:
-            calls = [
-                (j, s.prompt, s.completion, s.record)
-                for j in range(len(self.user))
-                for s in samples
-            ]
-            try:
-                got = self.worker.call(calls)
-            except CallError as e:
-                j, i = divmod(max(e.index, 0), len(samples))
-                raise RewardError(self._failed(self.user[j], samples[i], e)) from None
-            user_names = [n for r, n in zip(self.refs, self.names, strict=True) if not r.builtin]
-            for j, name in enumerate(user_names):
-                values[name] = got[j * len(samples) : (j + 1) * len(samples)]
-        return self._combine(values, len(samples))
-
-    def _builtin(self, ref: reward_refs.Ref, s: Sample) -> float:
+    def score(self, samples: list[Sample], stop: Callable[[], None] | None = None) -> Scores:
+        """Every function on every sample; RewardError at the first that fails. `stop` is
+        called while the worker computes: what it raises ends the stage at once."""
+        n = len(samples)
+        calls = [(j, i) for j in range(len(self.refs)) for i in range(n)]
         try:
-            return reward_refs.check_value(BUILTINS[ref.target](s.prompt, s.completion, s.record))
-        except Exception as e:
-            raise RewardError(self._failed(ref, s, CallError(0, f"raised {e!r}"))) from e
+            got = self.worker.call(
+                [(s.prompt, s.completion, s.record) for s in samples], calls, stop
+            )
+        except CallError as e:
+            if e.index < 0:  # (re)loading the functions
+                raise RewardError(f"reward.functions: {e.summary}{_indented(e.details)}") from None
+            j, i = calls[e.index]
+            raise RewardError(self._failed(self.refs[j], samples[i], e)) from None
+        values = {name: got[j * n : (j + 1) * n] for j, name in enumerate(self.names)}
+        return self._combine(values, n)
 
     def _combine(self, values: dict[str, list], n: int) -> Scores:
         total = [0.0] * n
         parts: dict[str, list[float]] = {}
-        for name, w in zip(self.names, self.weights, strict=True):
+        for ref, name, w in zip(self.refs, self.names, self.weights, strict=True):
             vals = values[name]
             flat = [sum(v.values()) if isinstance(v, dict) else v for v in vals]
             parts[name] = flat
             keys = sorted({k for v in vals if isinstance(v, dict) for k in v})
+            if len(keys) > reward_refs.MAX_COMPONENTS:
+                raise RewardError(
+                    f"{_what(ref)} returned {len(keys)} different component names over the "
+                    f"step's {n} samples, more than {reward_refs.MAX_COMPONENTS} (each is a "
+                    f"metric), e.g. {', '.join(map(repr, keys[:5]))}: use fixed names"
+                )
             for k in keys:
                 parts[f"{name}/{k}"] = [v.get(k, 0.0) if isinstance(v, dict) else 0.0 for v in vals]
             total = [t + w * x for t, x in zip(total, flat, strict=True)]
@@ -121,7 +118,7 @@ class RewardSet:
     def _failed(self, ref: reward_refs.Ref, s: Sample, e: CallError) -> str:
         """'reward function X (ref) raised ... on record R (prompt ..., answer ...)' and
         the user's traceback, indented."""
-        what = f"reward function {ref.name!r}" + ("" if ref.builtin else f" ({ref.text})")
+        what = _what(ref)
         record = f"record {s.where} (prompt {_short(s.prompt)!r}"
         if s.record.get("answer") not in (None, ""):
             record += f", answer {_short(str(s.record['answer']))!r}"
@@ -161,6 +158,11 @@ class RewardSet:
             f"extractor read {read[i]!r} from {_short(samples[i].completion)!r} where "
             f"{samples[i].where}'s answer is {golds[i]!r}"
         )
+
+
+def _what(ref: reward_refs.Ref) -> str:
+    """'reward function NAME (REF)' (a built-in: its name alone)."""
+    return f"reward function {ref.name!r}" + ("" if ref.builtin else f" ({ref.text})")
 
 
 def _short(text: str, n: int = 80) -> str:

@@ -11,20 +11,17 @@ its base seed is defined in this file, once (the profile's prompts: engine.profi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
 from specroll.engine.request import Request, SamplingParams
-from specroll.rl.config import MAX_REFILL_ROUNDS, TrainConfig
+from specroll.rl.config import MAX_REFILL_ROUNDS, REQUESTS_PER_STEP, STEP_STRIDE, TrainConfig
 from specroll.tasks.arithmetic import Problem
 from specroll.tasks.rewards import RewardSet, Sample
 from specroll.tasks.sets import Keys, encode, load_file, math_problems
 
-STEP_STRIDE = 1_000_003
-"""step_seed(base, s) = base * STEP_STRIDE + s: distinct (base, step) pairs never meet."""
-REQUESTS_PER_STEP = 100_000
-"""Request seeds of step s start at step_seed * this (room for that many rollouts)."""
 VAL_SEED_OFFSET = 10_000
 """Validation problems come from seed + this (a separate stream from training's)."""
 VALIDATION_SEED = 7_777_777
@@ -166,6 +163,9 @@ class Task:
         r = cfg.reward
         self.reward = RewardSet(r.functions, r.weights, r.timeout_s)
         self.reward.start()
+        self.stop: Callable[[], None] | None = None
+        """Called while `score` waits on the reward worker (the trainer's stop check):
+        what it raises ends the reward stage at once."""
 
     def _pool(self) -> list[Problem] | None:
         """The first `data.pool` training problems (all of a file's when 0; None: the math
@@ -289,15 +289,22 @@ class Task:
 
     def score(self, problems: list[Problem], results, samples: int) -> StepRewards:
         """[P, samples] rewards of the results (in request order), with each function's
-        values; a reward function that fails raises `RewardError` (nothing is updated)."""
-        scores = self.reward.score(self.samples(problems, results, samples))
+        values; a reward function that fails raises `RewardError` (nothing is updated).
+        The step's reward stage: a stop request (`stop`) ends it at once."""
+        scores = self.reward.score(self.samples(problems, results, samples), self.stop)
         shape = (len(problems), samples)
         parts = {k: torch.tensor(v, device="cpu").view(shape) for k, v in scores.parts.items()}
         return StepRewards(torch.tensor(scores.total, device="cpu").view(shape), parts)
 
     def rewards(self, problems: list[Problem], results, samples: int) -> torch.Tensor:
-        """[P, samples] rewards of the results (in request order)."""
-        return self.score(problems, results, samples).total
+        """[P, samples] rewards of the results (in request order), never cut short by a
+        stop request: validation and the shadow runs score after the step's update, whose
+        metrics must be logged before the run stops."""
+        stop, self.stop = self.stop, None
+        try:
+            return self.score(problems, results, samples).total
+        finally:
+            self.stop = stop
 
     def zero_reward_hint(self, problems: list[Problem], results, samples: int) -> str:
         """The likely cause when every reward of a step is 0, with an example."""

@@ -68,6 +68,7 @@ class Trainer:
         torch.manual_seed(cfg.pipeline.seed)
         self.task = Task(cfg, tok)
         """What each step samples: problems, requests and their seeds, rewards."""
+        self.task.stop = self._check_stop  # a signal ends the reward stage at once
         # a run built from Python meets the bounds the command line checks (`rl.budget`)
         check_loaded(cfg, policy.cfg, self.task.file_items)
         # the prompts a backend measures its hardware profile on (adaptive depth)
@@ -203,8 +204,10 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> float:
-        """Accuracy (mean reward of one sample per validation prompt, fixed seeds) of the
-        current policy; per data source in `val_by_source` when records name theirs."""
+        """The mean reward of one sample per validation prompt (fixed seeds) of the current
+        policy, kept as metric `val_accuracy` (an accuracy when rewards are 0 or 1, and
+        shown to users as the validation reward); per data source in `val_by_source`
+        when records name theirs."""
         probs = self.task.validation()
         self.val_by_source: dict[str, float] = {}
         if not probs:
@@ -318,6 +321,7 @@ class Trainer:
         finally:
             run_dir.close()
             loggers.close()
+            self.task.close()  # the reward worker: a later call starts it again
         return history
 
     def _kept(self) -> str:
@@ -331,14 +335,14 @@ class Trainer:
     def _loop(self, run_dir: rundir.RunDir, loggers: Loggers, history: list, on_step) -> None:
         """Steps until `pipeline.steps`: validation, metrics, samples, checkpoints, exports."""
         cfg = self.cfg
-        # the starting accuracy, for reference (once: a run stopped after it and resumed
+        # the starting validation reward, for reference (once: a run stopped after it and resumed
         # from its step-0 checkpoint has it logged already)
         if self.step == 0 and cfg.data.val_size and not run_dir.rows():
             m0 = {"step": 0, "val_accuracy": self.validate(), **self.val_by_source}
             run_dir.append(m0)
             loggers.step(m0)
             history.append(m0)
-            self.log(f"step 0: validation accuracy {m0['val_accuracy']:.3f}")
+            self.log(f"step 0: validation reward (mean) {m0['val_accuracy']:.3f}")
         while self.step < cfg.pipeline.steps:
             m = self.run_step()
             last = self.step == cfg.pipeline.steps
