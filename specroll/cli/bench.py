@@ -8,8 +8,15 @@ import json
 from rich.table import Table
 
 from specroll.cli import common
+from specroll.cli.bounds import MAX_BATCH, check_temperature, int_list
 from specroll.outputs import check_file
 from specroll.progress import status
+
+MAX_NODES = 256
+"""Most draft tokens (chains) or nodes (trees) per row a --k or --q flag takes, as
+`rollout.nodes`."""
+MAX_CTX = 1 << 20
+"""Longest context a profile measures (--ctx), beyond any supported model's window."""
 
 
 def add_placement_args(p: argparse.ArgumentParser) -> None:
@@ -52,8 +59,9 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
     from specroll.engine.bench import bench_engine
 
     check_counts(args)
+    batches = list(int_list("--batches", args.batches, 1, MAX_BATCH))
+    verify = list(int_list("--verify-batches", args.verify_batches, 1, MAX_BATCH))
     model, tok = load_placed_policy(args)
-    batches = [int(b) for b in args.batches.split(",")]
     report = bench_engine(
         model,
         tok,
@@ -62,7 +70,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
         new_tokens=args.new_tokens,
         repeats=args.repeats,
         hf=not args.no_hf,
-        verify_batches=[int(b) for b in args.verify_batches.split(",")],
+        verify_batches=verify,
         log=common.console.print,
     )
     table = Table(title="engine throughput (tok/s, median)")
@@ -95,13 +103,16 @@ def cmd_bench_spec(args: argparse.Namespace) -> None:
     from specroll.engine.bench import bench_spec
 
     check_counts(args)
+    batches = list(int_list("--batches", args.batches, 1, MAX_BATCH))
+    ks = list(int_list("--k", args.k, 0, MAX_NODES))
+    check_temperature("--temperature", args.temperature)
     model, tok = load_placed_policy(args)
     report = bench_spec(
         model,
         tok,
         drafters=args.drafters.split(","),
-        batches=[int(b) for b in args.batches.split(",")],
-        ks=[int(k) for k in args.k.split(",")],
+        batches=batches,
+        ks=ks,
         new_tokens=args.new_tokens,
         repeats=args.repeats,
         temperature=args.temperature,
@@ -123,18 +134,20 @@ def cmd_bench_profile(args: argparse.Namespace) -> None:
 
     check_counts(args)
     out = check_file(args.out, "--out")  # now, not after the profiling
+    batches = int_list("--batches", args.batches, 1, MAX_BATCH)
+    qs = int_list("--q", args.q, 1, MAX_NODES + 1)
+    ctxs = int_list("--ctx", args.ctx, 1, MAX_CTX)
     model, tok = common.load_policy(args.model)
     drafter = build_drafter(args.drafter, model) if args.drafter else None
     prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=PROFILE_PROMPTS_SEED)]
-    ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     with status(common.console, "profiling (target forward grid, then engine runs)"):
         cm = profile(
             model,
             drafter,
             prompts,
-            batches=ints(args.batches),
-            qs=ints(args.q),
-            ctxs=ints(args.ctx),
+            batches=batches,
+            qs=qs,
+            ctxs=ctxs,
             repeats=args.repeats,
             log=common.log,
         )
@@ -163,6 +176,7 @@ def cmd_bench_backends(args: argparse.Namespace) -> None:
             f"--batches: comma-separated batch sizes, e.g. 1,4,16,32; got {args.batches!r}"
         ) from None
     backends = tuple(args.backends.split(","))
+    check_temperature("--temperature", args.temperature)
     check_settings(backends, batches, args.repeats, args.draft)  # before loading anything
     model, tok = load_placed_policy(args)
     report = bench_backends(

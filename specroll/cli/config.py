@@ -10,8 +10,6 @@ import dataclasses
 import sys
 from typing import Any
 
-import yaml
-
 from specroll.cli import train
 
 
@@ -25,9 +23,11 @@ def _plain(value: Any) -> Any:
 
 
 def _inline(value: Any) -> str:
-    """One line of YAML for a value (lists and mappings in flow style)."""
-    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=1 << 16)
-    return text.strip().removesuffix("...").strip()
+    """One line of YAML for a value (lists and mappings in flow style), quoted where the
+    settings' reader would take it for another type."""
+    from specroll.rl.config_yaml import dump_inline
+
+    return dump_inline(_plain(value))
 
 
 def _comment(text: str, indent: str) -> list[str]:

@@ -7,7 +7,17 @@ import json
 from pathlib import Path
 
 from specroll.cli import common
+from specroll.cli.bounds import MAX_BATCH, MAX_K, check_seed, check_temperature, int_list
 from specroll.outputs import LOCK_FILE, DirLock, check_dir
+
+
+def data_seed_limit() -> int:
+    """The largest `draft data --seed`: rollout i is seeded seed * SEED_STRIDE + i
+    (`drafting.data`), which must stay below the engine's SEED_LIMIT (2**62)."""
+    from specroll.drafting.data import SEED_STRIDE
+    from specroll.spec.rng import SEED_LIMIT
+
+    return SEED_LIMIT // SEED_STRIDE - 1
 
 
 def cmd_draft_data(args: argparse.Namespace) -> None:
@@ -22,6 +32,8 @@ def cmd_draft_data(args: argparse.Namespace) -> None:
         shard_size=args.shard_size,
     )
     check_dir(args.out, "--out")  # before the model loads, not after the sampling
+    check_seed("--seed", args.seed, data_seed_limit())
+    check_temperature("--temperature", args.temperature, greedy=False)
     if args.prompts not in ("math", "chat") and Path(args.prompts).is_dir():
         common.check_prompt_file(args.prompts, "--prompts")
     model, tok = common.load_policy(args.policy)
@@ -58,6 +70,7 @@ def cmd_draft_train(args: argparse.Namespace) -> None:
         seed=args.seed,
         init=args.init or "",
     )
+    check_seed("--seed", args.seed)
     data = DraftData(args.data)
     out_dir = check_draft_out(args)
     model, _ = common.load_policy(args.policy or data.meta["policy"])
@@ -116,8 +129,9 @@ def cmd_draft_eval(args: argparse.Namespace) -> None:
     from specroll.drafters.build import build_drafter
     from specroll.drafting.evaluate import eval_draft
 
-    ks = tuple(int(k) for k in args.k.split(","))
-    batches = tuple(int(b) for b in args.batches.split(","))
+    ks = int_list("--k", args.k, 1, MAX_K)
+    batches = int_list("--batches", args.batches, 1, MAX_BATCH)
+    check_temperature("--temperature", args.temperature)
     model, tok = common.load_policy(args.policy)
     drafters = {d: build_drafter(_drafter_spec(d), model) for d in args.draft.split(",")}
     report = eval_draft(

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.text import Text
 
 from specroll.cli import common
 from specroll.cli.bench import add_placement_args, load_placed_policy
+from specroll.cli.bounds import check_range, check_seed, check_temperature
 from specroll.outputs import check_file, write_text
 
 if TYPE_CHECKING:
     from specroll.spec.metrics import SpecStats
+
+
+MAX_REQUESTS = 1 << 20
+"""Most completions one `generate` makes (prompts x --samples): each is a request and a
+record held in memory until the end."""
 
 
 def cmd_model_fetch(args: argparse.Namespace) -> None:
@@ -37,6 +45,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
     )
     unique = common.read_prompts(args)
+    if len(unique) * args.samples > MAX_REQUESTS:
+        raise ValueError(
+            f"{len(unique)} prompts x --samples {args.samples} = {len(unique) * args.samples} "
+            f"completions: at most {MAX_REQUESTS} in one command"
+        )
     texts = unique * args.samples
     model, tok = load_placed_policy(args)
     ids = [tok.encode_prompt(t, chat=not args.raw) for t in unique]
@@ -90,8 +103,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def check_generate_args(args: argparse.Namespace) -> None:
     """Refuse what would do no work or lose it, before the model loads: --samples and
-    --max-new-tokens below 1, --k below 0, and an --out that cannot be written (checked
-    now, not after every sample was generated)."""
+    --max-new-tokens below 1, --k below 0, a seed or temperature torch cannot use, and an
+    --out that cannot be written (checked now, not after every sample was generated)."""
+    from specroll.rl.config_rollout import MAX_TOP_K  # (torch: loaded by the command)
+
     for flag, value, low in (
         ("--samples", args.samples, 1),
         ("--max-new-tokens", args.max_new_tokens, 1),
@@ -101,8 +116,34 @@ def check_generate_args(args: argparse.Namespace) -> None:
     ):
         if value < low:
             raise ValueError(f"{flag} must be >= {low}, got {value}")
+    check_seed("--seed", args.seed)
+    check_temperature("--temperature", args.temperature)
+    check_range("--top-k", args.top_k, 0, MAX_TOP_K)
+    check_range("--samples", args.samples, 1, MAX_REQUESTS)
     if args.out:
         check_file(args.out, "--out")
+        check_out_file(args)
+
+
+def check_out_file(args: argparse.Namespace) -> None:
+    """`--out` is none of the files the command reads (--prompts, a --model or --profile
+    file), even with --overwrite, and no existing file unless --overwrite says to
+    replace it: the samples are written over it whole, after the generation."""
+    out = Path(args.out)
+    if not out.exists():
+        return
+    for flag in ("--prompts", "--model", "--profile"):
+        source = getattr(args, flag.removeprefix("--"), None)
+        if source and Path(source).exists() and os.path.samefile(out, source):
+            raise ValueError(
+                f"--out={args.out} is the {flag} file this command reads; write the "
+                "samples to another file"
+            )
+    if not args.overwrite:
+        raise ValueError(
+            f"--out={args.out} already exists; pass --overwrite to replace it, or choose "
+            "another file"
+        )
 
 
 def _record(text: str, r, tok) -> dict:
@@ -166,6 +207,11 @@ def add_parser(sub) -> None:
     gen.add_argument("--batch", type=int, default=16, help="max concurrent requests")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", help="write JSONL here instead of printing")
+    gen.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out file (refused without it; never one of the inputs)",
+    )
     add_placement_args(gen)
     gen.add_argument(
         "--drafter",

@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from specroll.cli.bounds import check_range
 from specroll.outputs import check_dir
 from specroll.sim.catalogue import hardware_spec, model_spec
 from specroll.sim.costmodel import CostModel
@@ -74,17 +75,53 @@ alpha^32 (< 1e-3 even at alpha = 0.8), and every iteration weighs each depth up 
 a deeper k adds run time (minutes at 10^6), not information."""
 
 
+MAX_ROLLOUTS = 1 << 20
+"""Most rollouts one simulated step draws (prompts x samples, times lag + 1 steps when
+async; the paper's presets draw 8192): each simulation walks every one, about 2.5 s per
+million here, and the k x acceptance sweep runs 36 of them (--no-sweep: 2)."""
+MAX_LEN = 1 << 22
+"""Longest prompt or response in tokens (--prompt-len, --mean-len, --max-len): beyond
+the context window of any model in the catalogue."""
+MAX_SIGMA = 4.0
+"""Largest log-normal sigma of response lengths (at 4, the 99th percentile is already
+10^4 times the median)."""
+MAX_GPUS = 1 << 20
+"""Most GPUs, parallelism degrees and sequences per replica."""
+MAX_LAG = 64
+"""Most steps of policy lag simulated (each is another step's rollouts)."""
+MAX_DRAFT_PARAMS = 1e13
+"""Largest drafter size in parameters."""
+
+
 def check_args(args: argparse.Namespace) -> None:
     """The flags no config validates, before any work: depth, parallelism and sequence
-    limits, sizes, the --plots directory."""
+    limits, sizes, the --plots directory. Each is a finite number in its range (NaN and
+    inf are not), so the simulation's arrays and loops stay bounded."""
     if args.k is not None and not 0 <= args.k <= K_MAX:
         why = " (deeper drafts are accepted with probability alpha^k, about 0)"
         raise ValueError(f"--k must be in [0, {K_MAX}], got {args.k}" + why * (args.k > 0))
     for flag, value in (("--max-seqs", args.max_seqs), ("--tp", args.tp), ("--ep", args.ep)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
-    if args.draft_params is not None and not args.draft_params > 0:  # also refuses nan
-        raise ValueError(f"--draft-params must be > 0, got {args.draft_params}")
+    for flag, value, low, high in (
+        ("--gpus", args.gpus, 1, MAX_GPUS),
+        ("--gen-gpus", args.gen_gpus, 0, MAX_GPUS),
+        ("--tp", args.tp, 1, MAX_GPUS),
+        ("--ep", args.ep, 1, MAX_GPUS),
+        ("--max-seqs", args.max_seqs, 1, MAX_GPUS),
+        ("--prompts", args.prompts, 1, MAX_ROLLOUTS),
+        ("--samples", args.samples, 1, MAX_ROLLOUTS),
+        ("--prompt-len", args.prompt_len, 1, MAX_LEN),
+        ("--mean-len", args.mean_len, 1, MAX_LEN),
+        ("--max-len", args.max_len, 1, MAX_LEN),
+        ("--sigma", args.sigma, 0, MAX_SIGMA),
+        ("--lag", args.lag, 0, MAX_LAG),
+    ):
+        check_range(flag, value, low, high)
+    if args.draft_params is not None and not 0 < args.draft_params <= MAX_DRAFT_PARAMS:
+        raise ValueError(
+            f"--draft-params must be in (0, {MAX_DRAFT_PARAMS:g}], got {args.draft_params}"
+        )
     if args.acceptance_length is not None and not args.acceptance_length >= 1:
         raise ValueError(f"--acceptance-length must be >= 1, got {args.acceptance_length}")
     if args.plots:
@@ -148,7 +185,24 @@ def build(args: argparse.Namespace) -> RLSim:
     elif k != sim.spec.k:
         sim.spec = Speculation.padded(sim.spec.alphas, k)
     sim.spec = replace(sim.spec, adaptive=args.adaptive or sim.spec.adaptive)
+    _check_rollouts(sim)
     return sim
+
+
+def _check_rollouts(sim: RLSim) -> None:
+    """ValueError naming the flags unless the step draws at most MAX_ROLLOUTS rollouts."""
+    w, steps = sim.workload, sim.pipeline.lag + 1
+    n = len(w.lengths) if w.lengths is not None else w.prompts * w.samples
+    if n * steps > MAX_ROLLOUTS:
+        what = (
+            f"--lengths-from: {n} lengths"
+            if w.lengths is not None
+            else f"--prompts x --samples = {w.prompts} x {w.samples}"
+        )
+        lag = f" x (--lag {sim.pipeline.lag} + 1)" if sim.pipeline.lag else ""
+        raise ValueError(
+            f"{what}{lag} = {n * steps} rollouts: the simulator draws at most {MAX_ROLLOUTS}"
+        )
 
 
 def sweep(sim: RLSim) -> dict:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specroll.model.config import ModelConfig
-from specroll.rl.config import TrainConfig
+from specroll.rl.config import REQUESTS_PER_STEP, TrainConfig
 
 GiB = 1 << 30
 PROMPT_OVERHEAD_TOKENS = 64
@@ -155,8 +155,6 @@ def _data_field(cfg: TrainConfig) -> str:
 def check_bounds(cfg: TrainConfig, model: ModelConfig, prompt: int) -> None:
     """ValueError naming the first setting the context window or the seeds cannot hold:
     prompt + rollout.k draft positions + rollout.max_new_tokens <= the context window."""
-    from specroll.rl.run.task import REQUESTS_PER_STEP
-
     r, ctx = cfg.rollout, model.max_position_embeddings
     where = f"the policy's context window of {ctx} tokens"
     k, name = r.depth_max, "rollout.nodes" if r.tree else "rollout.k"

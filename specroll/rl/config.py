@@ -238,6 +238,28 @@ class LossConfig:
         )
 
 
+STEP_STRIDE = 1_000_003
+"""step_seed(base, s) = base * STEP_STRIDE + s (`rl.run.task.step_seed`): distinct (base,
+step) pairs never meet."""
+REQUESTS_PER_STEP = 100_000
+"""Request seeds of step s start at step_seed * this (room for that many rollouts)."""
+MAX_STEPS = 1_000_000
+"""Most RL steps (`pipeline.steps`): step s of a run draws from seed base * STEP_STRIDE +
+s (`rl.run.task.step_seed`), distinct from every other run's steps only while s stays
+below STEP_STRIDE."""
+MAX_LAG = 64
+"""Most steps generated ahead (`pipeline.max_lag`): each one's rollouts wait in memory."""
+
+
+def max_seed() -> int:
+    """The largest `pipeline.seed`: the rollouts of every step derive their seeds from it
+    (`rl.run.task`: (seed * STEP_STRIDE + step) * REQUESTS_PER_STEP + i), and each must
+    stay below the engine's SEED_LIMIT (2**62, `spec.rng`)."""
+    from specroll.spec.rng import SEED_LIMIT
+
+    return SEED_LIMIT // (STEP_STRIDE * REQUESTS_PER_STEP) - 1
+
+
 @dataclass
 class PipelineConfig:
     """The run: length, seed, checkpoints."""
@@ -274,7 +296,23 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         bound("pipeline", self, "steps", 1)
+        check(
+            self.steps <= MAX_STEPS,
+            f"pipeline.steps must be <= {MAX_STEPS} (each step's seeds must differ from "
+            f"every other's), got {self.steps}",
+        )
+        top = max_seed()
+        check(
+            0 <= self.seed <= top,
+            f"pipeline.seed must be in [0, {top}] (every rollout's seed derives from it and "
+            f"must stay below 2**62), got {self.seed}",
+        )
         bound("pipeline", self, "max_lag", 0)
+        check(
+            self.max_lag <= MAX_LAG,
+            f"pipeline.max_lag must be <= {MAX_LAG} (each step generated ahead waits in "
+            f"memory), got {self.max_lag}",
+        )
         bound("pipeline", self, "export_every", 0)
         one_of("pipeline", self, "export_dtype", EXPORT_DTYPES)
         bound("pipeline", self, "checkpoint_every", 0)
@@ -285,6 +323,10 @@ class PipelineConfig:
                 name in DRAFTERS,
                 f"pipeline.shadow_drafters: {name!r} is not one of {', '.join(DRAFTERS)}",
             )
+
+
+MAX_RAY_WORKERS = 1024
+"""Most Ray rollout workers (`ray.workers`), as many as learner ranks may be."""
 
 
 @dataclass
@@ -314,6 +356,11 @@ class RayConfig:
     def __post_init__(self) -> None:
         one_of("ray", self, "worker_backend", WORKER_BACKENDS)
         bound("ray", self, "workers", 1)
+        check(
+            self.workers <= MAX_RAY_WORKERS,
+            f"ray.workers must be <= {MAX_RAY_WORKERS} (each is a process with its own "
+            f"copy of the policy), got {self.workers}",
+        )
         bound("ray", self, "cpus_per_worker", 0, above=True)
         bound("ray", self, "gpus_per_worker", 0)
         bound("ray", self, "max_restarts", 0)
@@ -362,6 +409,13 @@ class TrainConfig:
             net in ("history", "draft", self.draft.kind),
             f"rollout.drafter={d} uses a {net} network but draft.kind={self.draft.kind}: set "
             f"rollout.drafter to draft, history+draft or history, or draft.kind={net}",
+        )
+        rows = self.data.prompts_per_step * self.data.group_size
+        check(
+            self.loss.updates_per_step <= rows,
+            f"loss.updates_per_step={self.loss.updates_per_step} must be at most a step's "
+            f"rollouts, data.prompts_per_step x data.group_size = {rows} (each update "
+            "trains on its own part of them)",
         )
         # refill rounds are generated after the step's rewards are known, with the weights
         # of the step: the window of asynchronous steps submits before that

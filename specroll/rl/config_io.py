@@ -9,7 +9,9 @@ import ast
 import contextlib
 import dataclasses
 import inspect
+import json
 import math
+import shlex
 import textwrap
 import types
 import typing
@@ -18,38 +20,36 @@ from typing import Any
 
 import yaml
 
+from specroll.rl import config_yaml
+from specroll.rl.config_yaml import YAMLTooLarge
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses a key given twice in one mapping (PyYAML keeps the last
-    one silently, so a section written twice would lose the first's settings)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"{key!r} is given twice (first at line {seen[key]})",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest preset or --config file read: a configuration is a few kilobytes; a bigger file
+is not one, and every byte of it would be copied into each checkpoint's meta.json."""
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """The mapping of sections in YAML file `path`: not empty, not binary, no key twice."""
+    """The mapping of sections in YAML file `path`: not empty, not binary, at most
+    MAX_CONFIG_BYTES, read as `config_yaml.ConfigLoader` reads (no key twice, YAML 1.2
+    numbers, aliases and nesting bounded)."""
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not a text file ({e.reason} at byte {e.start})") from e
     except OSError as e:
         raise ValueError(f"{path}: cannot read it ({e.strerror})") from e
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(
+            f"{path}: larger than {MAX_CONFIG_BYTES} bytes; a configuration is a few kilobytes"
+        )
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+        raw = config_yaml.load(text)
+    except YAMLTooLarge as e:
+        raise ValueError(f"{path}: {e}") from None
     except yaml.YAMLError as e:  # yaml's message names no file: say which, and where
-        raise ValueError(f"{path}: not valid YAML{_yaml_where(e)}") from e
+        raise ValueError(f"{path}: not valid YAML{_yaml_where(e)}") from None
     if raw is None:
         raise ValueError(f"{path} is empty: it should map sections to settings")
     if not isinstance(raw, dict):
@@ -112,8 +112,31 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         section, dot, name = key.strip().partition(".")
         if not sep or not dot or not name:
             raise ValueError(f"--set expects section.key=value, got {item!r}")
-        out.setdefault(section, {})[name] = yaml.safe_load(text)
+        out.setdefault(section, {})[name] = set_value(key.strip(), text)
     return out
+
+
+def set_value(key: str, text: str) -> Any:
+    """The value of `--set key=text`, read as YAML; ValueError naming the flag, the value
+    and how to pass it as a string when it is not YAML (a colon followed by a space, a
+    leading @, %, `, !, or an unclosed bracket)."""
+    try:
+        return config_yaml.load(text)
+    except YAMLTooLarge as e:
+        raise ValueError(f"--set {key}: {e}") from None
+    except yaml.YAMLError as e:
+        quoted = shlex.quote(f"{key}={json.dumps(text, ensure_ascii=False)}")
+        raise ValueError(
+            f"--set {key}={text!r}: the value is not valid YAML ({_problem(e)}); to pass it as "
+            f"text, quote it in YAML and for the shell: --set {quoted}"
+        ) from None
+
+
+def _problem(e: yaml.YAMLError) -> str:
+    """yaml's own words for what is wrong, without its marks (one line)."""
+    words = getattr(e, "problem", None) or str(e)
+    context = getattr(e, "context", None)
+    return " ".join((f"{context}: {words}" if context else words).split())
 
 
 def build_sections(raw: dict[str, Any], sections: dict[str, type]) -> dict[str, Any]:
@@ -165,10 +188,15 @@ def _coerce(where: str, value: Any, typ: Any) -> Any:
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if typ is float and isinstance(value, str):  # PyYAML reads "3e-3" as a string
+    if typ is float and isinstance(value, str):  # a quoted number ('3e-3') is the number
         with contextlib.suppress(ValueError):
             value = float(value)
-    if typ in (int, float, str) and not (isinstance(value, typ) and not isinstance(value, bool)):
+    if typ is str and not isinstance(value, str):  # YAML read the text as something else
+        raise ValueError(
+            f"{where} must be str, got {type(value).__name__} {value!r}: put text that YAML "
+            "reads otherwise (a colon and a space, yes/no, a number) in quotes"
+        )
+    if typ in (int, float) and not (isinstance(value, typ) and not isinstance(value, bool)):
         raise ValueError(f"{where} must be {typ.__name__}, got {value!r}")
     if typ is float and not math.isfinite(value):
         raise ValueError(f"{where} must be a finite number, got {value!r}")

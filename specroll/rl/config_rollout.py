@@ -10,6 +10,14 @@ from specroll.rl.config_io import bound, check, one_of
 
 ROLLOUT_BACKENDS = ("local", "ray", "vllm")
 """`rollout.backend` values (the modules that build them: `rl.rollout.BACKENDS`)."""
+MIN_TEMPERATURE = 1e-4
+"""Lowest sampling temperature other than 0 (greedy, where 0 is allowed): logits are
+divided by it in fp32, and below ~1e-37 the quotient overflows to inf (NaN log-probs) or
+the temperature itself rounds to 0 in fp32 (sampling silently at T = 1). At 1e-4 a logit
+gap of 0.01 is already a factor e^-100: sampling is argmax but for near-ties."""
+MAX_TOP_K = 1 << 24
+"""Largest top-k (`rollout.top_k`, `generate --top-k`): more than any vocabulary has (a
+top-k of the vocabulary's size or more is off), and it must fit an int64 tensor."""
 DEPTHS = ("fixed", "adaptive")
 """`rollout.depth` values."""
 DRAFTERS = ("draft", "history", "history+draft", "eagle3", "mtp", "history+eagle3", "history+mtp")
@@ -70,8 +78,16 @@ class RolloutConfig:
     learner scores the same truncated, renormalised distribution."""
 
     def __post_init__(self) -> None:
-        bound("rollout", self, "temperature", 0, above=True)
+        check(
+            self.temperature >= MIN_TEMPERATURE,
+            f"rollout.temperature must be >= {MIN_TEMPERATURE} (RL samples, so not greedy "
+            f"0; lower ones overflow the fp32 logits), got {self.temperature}",
+        )
         bound("rollout", self, "top_k", 0)
+        check(
+            self.top_k <= MAX_TOP_K,
+            f"rollout.top_k must be <= {MAX_TOP_K} (0 = off), got {self.top_k}",
+        )
         check(0 < self.top_p <= 1, f"rollout.top_p must be in (0, 1], got {self.top_p}")
         bound("rollout", self, "max_new_tokens", 1)
         bound("rollout", self, "max_batch", 1)

@@ -4,18 +4,45 @@ trains and validates on, how completions are rewarded, and where the run is logg
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specroll.rl.config_io import bound, check
-from specroll.tasks import reward_refs
+from specroll.tasks import reward_refs, reward_worker
 from specroll.tasks.arithmetic import LEVELS
 from specroll.tasks.files import check_source
 from specroll.tasks.reward import NEEDS_ANSWER
 
 TEMPLATE_ARGS = ("conversation", "messages", "tokenize", "add_generation_prompt", "return_dict")
 """apply_chat_template arguments the trainer sets itself (not for data.chat_template_kwargs)."""
+MAX_VAL_SIZE = 100_000
+"""Most validation prompts (`data.val_size`): each validation generates one rollout per
+prompt, and a step's seeds have room for this many (`rl.config.REQUESTS_PER_STEP`)."""
+MAX_POOL = 1_000_000
+"""Most training prompts in a pool of a data file (`data.pool`; 0 takes all of them)."""
+MAX_MATH_POOL = 100_000
+"""Most prompts in a pool of the procedural math task: the pool is searched for among
+up to 16 times as many generated problems (`rl.run.task.MATH_POOL_SCAN`), and the task's
+levels hold a few thousand to a few hundred thousand distinct prompts each."""
+MAX_TEMPLATE_KWARGS_BYTES = 64 << 10
+"""Largest `data.chat_template_kwargs` as JSON: it is copied into config.json and every
+checkpoint's meta.json (template switches such as enable_thinking take a few bytes)."""
+
+
+def _check_json_size(name: str, value: object, most: int) -> None:
+    """ValueError naming setting `name` unless `value` is plain JSON data (strings,
+    numbers, booleans, null, lists, mappings with string keys: what config.json holds)
+    of at most `most` bytes."""
+    try:
+        size = len(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"{name} must hold only strings, finite numbers, booleans, null, lists and "
+            f"mappings ({e})"
+        ) from None
+    check(size <= most, f"{name} must be at most {most} bytes as JSON, got {size}")
 
 
 @dataclass
@@ -78,6 +105,18 @@ class DataConfig:
             f"data.group_size must be >= 2 (GRPO compares samples), got {self.group_size}",
         )
         bound("data", self, "val_size", 0)
+        check(
+            self.val_size <= MAX_VAL_SIZE,
+            f"data.val_size must be <= {MAX_VAL_SIZE} (one validation rollout per prompt), "
+            f"got {self.val_size}",
+        )
+        most = MAX_MATH_POOL if not self.train_file else MAX_POOL
+        check(
+            self.pool <= most,
+            f"data.pool must be <= {most}"
+            + (" for the math task" if not self.train_file else "")
+            + f" (0 = the whole stream), got {self.pool}",
+        )
         bound("data", self, "val_every", 1)
         if self.task != "math" and not Path(self.task).is_file():
             raise ValueError(f"data.task must be 'math' or an existing file, got {self.task!r}")
@@ -101,6 +140,7 @@ class DataConfig:
             f"data.chat_template_kwargs may not set {', '.join(taken)} (the trainer sets "
             f"{', '.join(TEMPLATE_ARGS)})",
         )
+        _check_json_size("data.chat_template_kwargs", kwargs, MAX_TEMPLATE_KWARGS_BYTES)
 
     @property
     def train_file(self) -> str:
@@ -115,11 +155,15 @@ class RewardConfig:
 
     functions: tuple[str, ...] = ("math",)
     """Built-ins (math, exact_match, format) or 'path/to/file.py:fn' / 'package.module:fn'
-    with fn(prompt, completion, record) -> float | dict[str, float]."""
+    with fn(prompt, completion, record) -> float | dict[str, float]. A value (and each
+    component) must be finite and within +-1e6; a dict holds at most 32 components named
+    like identifiers ([A-Za-z_][A-Za-z0-9_.-]*, up to 32 characters). All of them run in
+    one worker process with at most 8 GiB of address space."""
     weights: tuple[float, ...] = ()
-    """One weight per function (() = all 1)."""
+    """One weight per function (() = all 1), each within +-1e6."""
     timeout_s: float = 30.0
-    """Seconds a user function may take on one completion before the step fails."""
+    """Seconds a function (built-in or yours) may take on one completion before the step
+    fails (at most 3600); importing a reward module may take this, and at least 30 s."""
 
     def __post_init__(self) -> None:
         self.functions = tuple(self.functions)
@@ -131,10 +175,16 @@ class RewardConfig:
             f"({len(self.functions)}), got {len(self.weights)}",
         )
         check(
-            all(math.isfinite(w) for w in self.weights),
-            f"reward.weights must be finite numbers, got {list(self.weights)}",
+            all(math.isfinite(w) and abs(w) <= reward_refs.MAX_REWARD for w in self.weights),
+            f"reward.weights must be finite numbers within +-{reward_refs.MAX_REWARD:g}, got "
+            f"{list(self.weights)}",
         )
         bound("reward", self, "timeout_s", 0, above=True)
+        check(
+            self.timeout_s <= reward_worker.MAX_TIMEOUT_S,
+            f"reward.timeout_s must be at most {reward_worker.MAX_TIMEOUT_S:g} (seconds per "
+            f"completion), got {self.timeout_s}",
+        )
 
     @property
     def needs_answers(self) -> bool:

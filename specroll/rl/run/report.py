@@ -1,7 +1,7 @@
 """The end-of-run report: `report.md` and PNG plots beside `metrics.jsonl`.
 
-What a user reads after `specroll train`: did the policy learn (reward, training and
-validation accuracy per step), how well did the draft keep up (acceptance length per
+What a user reads after `specroll train`: did the policy learn (reward, training
+accuracy and validation reward per step), how well did the draft keep up (acceptance length per
 step), where did the time go (stage breakdown), and what did speculation buy — the
 generation speed-up measured against plain decoding of the same requests with the same
 weights (shadow rollouts), the resulting step speed-up, and the Amdahl bound
@@ -139,12 +139,12 @@ def speculated(depth_hist: list[int] | None) -> tuple[int, int]:
 
 def step_line(m: dict, steps: int) -> str:
     """One readable line per RL step for the console and logs (the full figures are in
-    metrics.jsonl): 'step 3/10  reward 0.312  acc 0.281  val 0.300  len 54  AL 1.32
+    metrics.jsonl): 'step 3/10  reward 0.312  acc 0.281  val reward 0.300  len 54  AL 1.32
     gen 12.1s (x1.02)  logprob 3.2s  train 20.1s  step 36.0s  211 tok/s'."""
     t = m["time"]
     parts = [f"step {m['step']}/{steps}", f"reward {m['reward']:.3f}", f"acc {m['accuracy']:.3f}"]
     if "val_accuracy" in m:
-        parts.append(f"val {m['val_accuracy']:.3f}")
+        parts.append(f"val reward {m['val_accuracy']:.3f}")
     parts.append(f"len {m['response_len_mean']:.0f}")
     if m.get("acceptance_length"):  # with how much speculation earned it
         drafted, iters = speculated(m.get("depth_hist"))
@@ -222,6 +222,9 @@ def _share(r: dict) -> float | None:
 
 
 EXPLAIN = {
+    "val_accuracy_start": "`val_accuracy_start` / `val_accuracy_end`: the mean reward of "
+    "one sample per validation prompt (fixed seeds) at the first and the last validation "
+    "(an accuracy when the rewards are 0 or 1).",
     "stage_mean_s": "`stage_mean_s`: mean seconds per step in each stage.",
     "gen_share": "`gen_share`: generation's share of the mean step.",
     "acceptance_length_mean": "`acceptance_length_mean`: tokens emitted per drafting row "
@@ -269,10 +272,10 @@ def figures(rows: list[dict], summary: dict, cfg: TrainConfig) -> dict:
         ax.plot(x, [r["reward"] for r in steps], "o-", label="train reward")
         v = [(r["step"], r["val_accuracy"]) for r in rows if "val_accuracy" in r]
         if v:
-            ax.plot(*zip(*v, strict=True), "s--", label="validation accuracy")
-        ax.set_ylabel("reward / accuracy")
+            ax.plot(*zip(*v, strict=True), "s--", label="validation reward (mean)")
+        ax.set_ylabel("mean reward")
         ax.legend()
-        ax.set_title("reward and accuracy")
+        ax.set_title("reward")
         figs["reward.png"] = fig
         fig, ax = plt.subplots(figsize=(6, 3.5))
         al = [(r["step"], r["acceptance_length"]) for r in steps if r.get("acceptance_length")]
@@ -361,7 +364,7 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
         )
     lines.append("")
     lines += [f"![{n}]({n})" for n in figs]
-    lines += ["", "| step | reward | val acc | AL | gen s | logprob s | train s | step s |"]
+    lines += ["", "| step | reward | val reward | AL | gen s | logprob s | train s | step s |"]
     lines += ["|---|---|---|---|---|---|---|---|"]
     for r in steps:
         t = r["time"]
