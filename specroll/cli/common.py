@@ -74,20 +74,22 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 def check_prompt_file(path: str, flag: str) -> None:
     """A ValueError naming `flag` and `path` unless it is a UTF-8 text file: the readers
     would say a directory "does not exist" and a binary file fails in the codec with
-    neither named."""
+    neither named; a FIFO or device is named for what it is (reading one could block)."""
+    from specroll.tasks.files import decode, special_kind
+
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{flag}={path} is a directory; a prompt file (.jsonl, .txt) is needed")
+    kind = special_kind(p)
+    if kind:
+        raise ValueError(f"{flag}={path} is {kind}; a prompt file (.jsonl, .txt) is needed")
     if not p.is_file() or p.suffix == ".parquet":
         return  # the reader names a missing file; Parquet is binary by design
+    data = p.read_bytes()
     try:
-        data = p.read_bytes()
-        data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{flag}={path} is not a UTF-8 text file (byte {e.start}); "
-            "one prompt per line, or JSONL with 'prompt'"
-        ) from None
+        decode(data)
+    except ValueError as e:
+        raise ValueError(f"{flag}={path}: {e}") from None
     if b"\0" in data:
         raise ValueError(f"{flag}={path} is a binary file (NUL bytes); a text file is needed")
 

@@ -47,7 +47,12 @@ def _plan(cfg, args: argparse.Namespace, budget: bool = True):
     if cfg.learner_placement() == "local":
         resolve_device(cfg.learner.device, "learner.device")
     plan = rundir.check(
-        cfg.pipeline.out_dir, cfg.to_dict(), cfg.pipeline.steps, args.resume, args.overwrite
+        cfg.pipeline.out_dir,
+        cfg.to_dict(),
+        cfg.pipeline.steps,
+        args.resume,
+        args.overwrite,
+        allow_changed_inputs=args.allow_changed_inputs,
     )
     if budget and plan.action in ("fresh", "resume"):  # after the directory's verdict
         warning = check_run(cfg, items)
@@ -79,7 +84,17 @@ def _draft(cfg, policy, tok, path):
         return build_draft(cfg, policy, tok, path, progress=on_draft)
 
 
-COLUMNS = ("step", "reward", "val acc", "resp len", "AL", "gen s", "logprob s", "train s", "tok/s")
+COLUMNS = (
+    "step",
+    "reward",
+    "val reward",
+    "resp len",
+    "AL",
+    "gen s",
+    "logprob s",
+    "train s",
+    "tok/s",
+)
 """The summary table printed at the end of a run on a terminal."""
 
 
@@ -145,7 +160,10 @@ def _train(args: argparse.Namespace, cfg, plan) -> None:
                 task, completed=m["step"], description=f"RL steps (reward {m['reward']:.3f})"
             )
 
-        trainer.run(on_step=on_step, plan=plan)
+        try:
+            trainer.run(on_step=on_step, plan=plan)
+        finally:  # every exit path: the learner's ranks and the reward worker end with it
+            trainer.close()
     if common.console.is_terminal:  # off a terminal the step lines above are the record
         common.console.print(table)
     common.console.print(
@@ -200,6 +218,12 @@ def add_parser(sub) -> None:
     add_config_args(tr)
     tr.add_argument(
         "--resume", action="store_true", help="continue this run from its latest checkpoint"
+    )
+    tr.add_argument(
+        "--allow-changed-inputs",
+        action="store_true",
+        help="with --resume: continue although the data files or reward code changed since "
+        "the run began (without it such a resume is refused, naming what changed)",
     )
     tr.add_argument(
         "--overwrite",

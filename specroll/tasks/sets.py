@@ -2,13 +2,15 @@
 
 Used by the RL loop (prompts with answers) and by drafter data collection (`--prompts
 math|chat|FILE`), so a draft is trained on exactly the distribution the policy will be
-asked to roll out. Files (read by `files.read_records`): JSONL, Parquet or a
+asked to roll out. Files (read by `files.read_records`): JSONL, a JSON array, Parquet or a
 `datasets.save_to_disk` directory of records, or plain text, one prompt per line. A record
 holds its prompt under `Keys.prompt` (a string, or a list of chat messages kept whole:
-system and earlier turns go to the chat template) and its ground truth under `Keys.answer`
-(a dotted path reaches into objects, as in DAPO-Math-17K's `reward_model.ground_truth`,
-which is also where an 'answer'-less record is looked up). The record's other fields stay
-with the problem, for reward functions and per-source validation (`data_source`).
+system and earlier turns go to the chat template; roles are CHAT_ROLES, and the text of a
+record is always tokenized as text, never as the template's control tokens) and its ground
+truth under `Keys.answer` (a dotted path reaches into objects, as in DAPO-Math-17K's
+`reward_model.ground_truth`, which is also where an 'answer'-less record is looked up).
+The record's other fields stay with the problem, for reward functions and per-source
+validation (`data_source`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class Keys:
     """A field name or a dotted path ('reward_model.ground_truth')."""
 
 
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+"""The roles a record's chat message may have."""
 DAPO_ANSWER = "reward_model.ground_truth"
 """Where DAPO-Math-17K records keep the answer (looked up when 'answer' is absent)."""
 
@@ -105,12 +109,20 @@ def _listed(value: Any) -> Any:
 
 
 def _messages(messages: list, where: str, name: str) -> list[dict]:
-    """Chat messages, each {'role': str, 'content': str, ...}."""
+    """Chat messages, each {'role': str, 'content': str, ...}, the role one of CHAT_ROLES:
+    templates print the role as it is, so any other text there could open a turn the
+    record has no right to."""
     for m in messages:
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError(
                 f"{where}: {name!r} as a list must hold chat messages "
                 f"({{'role': ..., 'content': ...}}), got an item that is {_kind(m)}"
+            )
+        if m["role"] not in CHAT_ROLES:
+            shown = repr(m["role"]) if isinstance(m["role"], str) else _kind(m["role"])
+            raise ValueError(
+                f"{where}: a chat message's role must be one of {', '.join(CHAT_ROLES)}, "
+                f"got {shown[:60]}"
             )
         if not isinstance(m.get("content"), str):
             raise ValueError(
@@ -200,5 +212,5 @@ def encode(
     else:
         ids = tok.encode_chat(messages, **(template_kwargs or {}))
     if problem.response_prefix:
-        ids = ids + tok.hf.encode(problem.response_prefix, add_special_tokens=False)
+        ids = ids + tok.encode_text(problem.response_prefix)
     return ids

@@ -10,12 +10,15 @@ checkpoint it saves (`meta.json`, read without loading the weights):
 * a fresh run refuses a directory that holds another run's work (metrics or
   checkpoints) unless told to overwrite it, which deletes that work first;
 * `--resume` continues only from a checkpoint of the run that owns the directory,
-  written with the same settings (placement and length may change), and says so when
-  the run has already finished instead of redoing its end.
+  written with the same settings (placement and length may change) and the same data
+  files and reward code (their SHA-256, recorded in `run.json`: `inputs`; a change is
+  named, and allowed only when the user says it is intended), and says so when the run
+  has already finished instead of redoing its end.
 
-`check` reads only small JSON files, so the CLI calls it before loading any model; a
-`RunDir` then holds the directory for the run it planned: it claims or reopens it, keeps
-`metrics.jsonl`, and turns Ctrl-C into a stop at the next stage boundary.
+`check` reads only small JSON files (and, on a resume, hashes the data files and reward
+sources: `inputs`), so the CLI calls it before loading any model; a `RunDir` then holds
+the directory for the run it planned: it claims or reopens it, keeps `metrics.jsonl`, and
+turns Ctrl-C into a stop at the next stage boundary.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ import shutil
 import signal
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specroll import outputs
 from specroll.rl.errors import Stopped
-from specroll.rl.run import checkpoint
+from specroll.rl.run import checkpoint, inputs
 
 RUN_FILE = "run.json"
 OUTPUTS = (
@@ -104,6 +107,12 @@ class Plan:
     """The steps the run that wrote the checkpoint was set to run."""
     skipped: tuple[str, ...] = ()
     """Damaged newer checkpoints passed over, each with the reason."""
+    notes: tuple[str, ...] = ()
+    """Warnings for the user when the directory is opened (inputs that changed, allowed;
+    a run too old to have recorded its inputs)."""
+    inputs: dict | None = field(default=None, compare=False)
+    """Digests of the inputs to record in run.json when the directory is reopened (None:
+    keep what it holds): a change the user allowed, or a run that recorded none."""
 
     def finished_message(self, out: str | Path, steps: int) -> str:
         """What to tell a user who resumes a run that has nothing left to do."""
@@ -165,17 +174,28 @@ def config_mismatch(mine: dict, theirs: dict) -> str | None:
     return None
 
 
-def check(out: str | Path, config: dict, steps: int, resume: bool, overwrite: bool) -> Plan:
+def check(
+    out: str | Path,
+    config: dict,
+    steps: int,
+    resume: bool,
+    overwrite: bool,
+    allow_changed_inputs: bool = False,
+) -> Plan:
     """Decide what a run in `out` may do, before any work; ValueError if it may not.
 
-    config: the run's `TrainConfig.to_dict()`; steps: its `pipeline.steps`.
+    config: the run's `TrainConfig.to_dict()`; steps: its `pipeline.steps`;
+    allow_changed_inputs: a resume may read data files or reward code that changed since
+    the run began (the user said so: `inputs.ALLOW_CHANGED`).
     """
     out = Path(out)
     if resume and overwrite:
         raise ValueError("--resume and --overwrite contradict each other: choose one")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out={out} is a file; a run needs a directory")
-    return _check_resume(out, config, steps) if resume else _check_fresh(out, overwrite)
+    if not resume:
+        return _check_fresh(out, overwrite)
+    return _check_resume(out, config, steps, allow_changed_inputs)
 
 
 def _check_fresh(out: Path, overwrite: bool) -> Plan:
@@ -212,7 +232,7 @@ def _check_fresh(out: Path, overwrite: bool) -> Plan:
     return Plan("fresh")
 
 
-def _check_resume(out: Path, config: dict, steps: int) -> Plan:
+def _check_resume(out: Path, config: dict, steps: int, allow_changed: bool) -> Plan:
     if checkpoint.latest(out / "checkpoints") is None:
         raise ValueError(f"--resume: no checkpoint under {out / 'checkpoints'}")
     ck, skipped = checkpoint.newest_intact(out / "checkpoints")
@@ -227,7 +247,8 @@ def _check_resume(out: Path, config: dict, steps: int) -> Plan:
             "an older specroll), so they cannot be shown to belong to this run; start over "
             "with --overwrite or choose another --out"
         )
-    run_id = _read_json(run_file).get("run_id")
+    run = _read_json(run_file)
+    run_id = run.get("run_id")
     meta = checkpoint.meta(ck)
     if meta.get("format") != checkpoint.FORMAT:
         raise ValueError(
@@ -250,8 +271,9 @@ def _check_resume(out: Path, config: dict, steps: int) -> Plan:
     elif step >= planned and not (out / "report.md").is_file():
         action = "finalize"  # stopped between its last checkpoint and its report
     else:
-        action = "finished"
-    return Plan(action, ck, step, planned, tuple(skipped))
+        return Plan("finished", ck, step, planned, tuple(skipped))
+    notes, record = inputs.check(run.get("inputs"), config, allow_changed, run_file)
+    return Plan(action, ck, step, planned, tuple(skipped), notes, record)
 
 
 def start(out: str | Path, config: dict, plan: Plan) -> str:
@@ -260,7 +282,11 @@ def start(out: str | Path, config: dict, plan: Plan) -> str:
     are stamped with."""
     out = Path(out)
     if plan.action != "fresh":
-        return _read_json(out / RUN_FILE)["run_id"]
+        run = _read_json(out / RUN_FILE)
+        if plan.inputs is not None:  # a change the user allowed: the new files' digests
+            run["inputs"] = plan.inputs
+            outputs.write_text(out / RUN_FILE, json.dumps(run) + "\n")
+        return run["run_id"]
     for name in OUTPUTS:
         p = out / name
         if p.is_dir():
@@ -269,7 +295,8 @@ def start(out: str | Path, config: dict, plan: Plan) -> str:
             p.unlink()
     out.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
-    outputs.write_text(out / RUN_FILE, json.dumps({"run_id": run_id}) + "\n")
+    run = {"run_id": run_id, "inputs": inputs.digests(config)}
+    outputs.write_text(out / RUN_FILE, json.dumps(run) + "\n")
     outputs.write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
     return run_id
 
@@ -314,6 +341,8 @@ class RunDir:
         samples of steps up to `resumed_step` (resume: lines past the checkpoint are redone)."""
         self.lock.acquire()
         self.run_id = start(self.out, self.config, self.plan)
+        for note in self.plan.notes:
+            self.log(f"warning: {note}")
         if self.plan.action == "fresh":
             outputs.write_text(self.metrics, "")
         elif self.plan.action == "resume":
