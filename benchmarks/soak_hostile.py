@@ -1,6 +1,8 @@
-"""Soak of hostile use (issue 30): random runs of `specroll train --preset tiny`.
+"""Soak of hostile use (issues 30 and 44): random runs of `specroll train --preset tiny`
+(and of `export` and `generate` on its output).
 
-Each case draws one of five kinds of trouble, with random valid settings underneath:
+Each case draws one kind of trouble, with random valid settings underneath. Issue 30's
+five (`--areas run`):
 
   valid    a run to its end
   invalid  one setting out of bounds, non-finite, mistyped or unknown: refused in one line
@@ -11,13 +13,19 @@ Each case draws one of five kinds of trouble, with random valid settings underne
            the metrics equal an uninterrupted run's
   foreign  files of the user's in the output directory: a fresh run must refuse them
 
+and issue 44's nine, files and values from elsewhere (`--areas inputs`, listed in
+`soak_inputs.py`): rewards, data files, YAML, untrusted checkpoints, changed inputs on
+resume, export, a full disk, generate and loggers. `--areas all` draws from both.
+
 Every case also keeps a directory of user files next to the run's; all of them must be
 byte-identical afterwards. Counted: tracebacks (target 0), runs that lost a completed
 step (a logged step missing or changed after the resume, against the uninterrupted
-reference; target 0), user files touched (target 0), unexpected exit codes, hangs, and
-each case's peak resident memory (the largest of its processes, from wait4).
+reference; target 0), user files touched (target 0), code executions from files that
+must be data (target 0), processes left behind (target 0), unexpected exit codes, hangs,
+and each case's peak resident memory (the largest of its processes, from wait4).
 
     python benchmarks/soak_hostile.py --cases 50 --seed 0
+    python benchmarks/soak_hostile.py --cases 50 --seed 0 --areas inputs
 
 The last line is a JSON object with the counts and the configuration.
 """
@@ -25,6 +33,7 @@ The last line is a JSON object with the counts and the configuration.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -35,11 +44,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from soak_inputs import INPUT_KINDS, InputCases  # a sibling script: issue 44's cases
+
 KINDS = ("valid", "invalid", "signal", "damage", "foreign")
+AREAS = {"run": KINDS, "inputs": INPUT_KINDS, "all": KINDS + INPUT_KINDS}
 VALID = {  # setting: values drawn from (all within bounds)
     "rollout.k": [1, 3, 5],
     "rollout.max_new_tokens": [8, 24, 40],
@@ -71,6 +84,11 @@ INVALID = [  # (setting, exit code the run must end with)
 ]
 DAMAGE = ("truncate", "empty", "garbage", "no_meta", "empty_meta", "tmp_left")
 TIMEOUT_S = 300
+TAG = "SPECROLL_SOAK_CASE"
+"""Environment variable naming the case in every process it starts: what still carries it
+after a command ended was left behind (an orphaned reward worker)."""
+SQUEEZE_BYTES = 64 << 10
+"""The file-size limit a `disk` case puts on a running training: below a checkpoint."""
 NON_TIMING = ("time", "step_s", "gen_tok_s", "gen_busy_s", "exposed_gen_s", "elapsed")
 
 
@@ -85,44 +103,110 @@ class Outcome:
     touched: int = 0
     unexpected: list[str] = field(default_factory=list)
     hangs: int = 0
+    executed: int = 0
+    orphans: int = 0
 
 
-class Soak:
+class Soak(InputCases):
     def __init__(self, root: Path, env: dict[str, str]) -> None:
         self.root, self.env = root, env
         self.references: dict[tuple, list[dict]] = {}
+        self.tag = ""
+        self._finished: Path | None = None
 
     # ---------------------------------------------------------------- processes
 
-    def train(self, out: Path, args: list[str], o: Outcome, signal_after: float | None = None):
-        """Run `specroll train --preset tiny --out OUT ARGS`; returns (exit code, stderr).
-        A signal (SIGINT or SIGTERM, chosen by the caller) is sent `signal_after` seconds
-        in when given as (delay, signum)."""
-        cmd = [sys.executable, "-m", "specroll.cli", "train", "--preset", "tiny"]
-        cmd += ["--out", str(out), *args]
-        with tempfile.TemporaryFile() as log:
-            p = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-            t0 = time.monotonic()
-            done = None
-            if signal_after is not None:
-                delay, signum = signal_after
-                while time.monotonic() - t0 < delay and done is None:
-                    done = _reap(p)
-                    time.sleep(0.02)
-                if done is None:
-                    p.send_signal(signum)
-            rc, rss = done or _wait(p, t0)
-            log.seek(0)
-            text = log.read().decode(errors="replace")
+    def command(
+        self,
+        args: list[str],
+        o: Outcome,
+        file_size: int | None = None,
+        signal_after: tuple[float, int] | None = None,
+        squeeze_after_checkpoint: int | None = None,
+        memory: int | None = None,
+    ) -> tuple[int, str]:
+        """Run `specroll ARGS`; returns (exit code, its output). Optional trouble: a file-
+        size limit from the start (`file_size` bytes, as `ulimit -f`), a signal `(delay,
+        signum)` seconds in, the file-size limit lowered to SQUEEZE_BYTES once checkpoint
+        `squeeze_after_checkpoint` exists (a disk that fills mid-run), an address-space
+        limit (`memory` bytes: a safety net where a case asks for more than the machine)."""
+        cmd = [sys.executable, "-m", "specroll.cli", *args]
+
+        def limits() -> None:
+            import resource
+
+            if file_size is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+            if memory is not None:
+                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+        env = {**self.env, TAG: self.tag}
+        # a pipe, not a file: a file-size limit on the command must not swallow its output
+        p = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limits
+        )
+        chunks: list[bytes] = []
+        reader = threading.Thread(target=lambda: chunks.extend(iter(p.stdout.readline, b"")))
+        reader.daemon = True  # a process left behind may hold the pipe open
+        reader.start()
+        t0 = time.monotonic()
+        done = None
+        if signal_after is not None:
+            delay, signum = signal_after
+            while time.monotonic() - t0 < delay and done is None:
+                done = _reap(p)
+                time.sleep(0.02)
+            if done is None:
+                p.send_signal(signum)
+        if squeeze_after_checkpoint is not None:
+            done = _squeeze(p, args, squeeze_after_checkpoint, t0)
+        rc, rss = done or _wait(p, t0)
+        reader.join(timeout=5)
+        if not reader.is_alive():
+            p.stdout.close()
+        text = b"".join(chunks).decode(errors="replace")
         if rc is None:
             o.hangs += 1
             rc = -9
         o.exits.append(rc)
         o.peak_rss_mb = max(o.peak_rss_mb, rss / 1024)
-        if "Traceback" in text:
+        o.orphans += _orphans(self.tag)
+        if _traceback(text):
             o.tracebacks += 1
             o.unexpected.append(f"traceback in {' '.join(args)}: {text[-400:]}")
         return rc, text
+
+    def train(self, out: Path, args: list[str], o: Outcome, **trouble) -> tuple[int, str]:
+        """Run `specroll train --preset tiny --out OUT ARGS` (trouble: see `command`)."""
+        return self.command(["train", "--preset", "tiny", "--out", str(out), *args], o, **trouble)
+
+    def outcome(self, kind: str, detail: str) -> Outcome:
+        return Outcome(kind, detail)
+
+    def mark(self, case: Path) -> Path:
+        """The file every payload of this case would create."""
+        return case / "EXECUTED"
+
+    def expect(self, o: Outcome, rc: int, text: str, allowed: tuple[int, ...]) -> None:
+        """The exit code must be one of `allowed`; a refusal (1 or 2) ends with one line
+        that starts 'error:' (a user's own traceback, indented, may follow it)."""
+        last = _last_line(text)
+        if rc not in allowed:
+            o.unexpected.append(f"exit {rc} (want {allowed}), last line {last[:300]!r}")
+        elif rc in (1, 2) and not last.startswith("error:"):
+            o.unexpected.append(f"exit {rc} without a one-line error: {last[:300]!r}")
+
+    def finished(self) -> Path:
+        """A finished 2-step run with a checkpoint at each step (made once, then copied)."""
+        if self._finished is None:
+            out = self.root / "finished"
+            o = Outcome("finished", "")
+            args = ["--steps", "2", "--set", "pipeline.checkpoint_every=1"]
+            rc, text = self.train(out, args, o)
+            if rc != 0 or o.tracebacks:
+                raise RuntimeError(f"the finished run failed ({rc}): {text[-800:]}")
+            self._finished = out
+        return self._finished
 
     def reference(self, settings: list[str], steps: int) -> list[dict]:
         """The uninterrupted run's metrics (non-timing keys) for these settings."""
@@ -141,6 +225,7 @@ class Soak:
 
     def case(self, i: int, kind: str, rng: random.Random) -> Outcome:
         work = self.root / f"case-{i:03d}"
+        self.tag = str(work)
         user = work / "user"
         user.mkdir(parents=True)
         for name in ("notes.txt", "data.jsonl"):
@@ -149,12 +234,13 @@ class Soak:
         out = work / "run"
         settings = [f"{k}={rng.choice(v)}" for k, v in VALID.items() if rng.random() < 0.5]
         settings.append("rollout.depth=fixed")
-        o = getattr(self, kind)(out, settings, rng)
+        o = getattr(self, kind)(work, out, settings, rng)
         o.touched += sum(_hashes(user).get(k) != v for k, v in before.items())
+        o.executed += self.mark(work).exists()
         shutil.rmtree(work)
         return o
 
-    def valid(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+    def valid(self, case: Path, out: Path, settings: list[str], rng: random.Random) -> Outcome:
         steps = rng.randint(2, 5)
         o = Outcome("valid", " ".join(settings))
         rc, text = self.train(out, ["--steps", str(steps), *_sets(settings)], o)
@@ -163,16 +249,16 @@ class Soak:
             o.unexpected.append(f"exit {rc}, steps {got} of {steps}: {text[-300:]}")
         return o
 
-    def invalid(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+    def invalid(self, case: Path, out: Path, settings: list[str], rng: random.Random) -> Outcome:
         bad, want = rng.choice(INVALID)
         o = Outcome("invalid", bad)
         rc, text = self.train(out, ["--steps", "3", *_sets([*settings, bad])], o)
-        last = text.strip().splitlines()[-1] if text.strip() else ""
+        last = _last_line(text)
         if rc != want or not last.startswith("error:"):
             o.unexpected.append(f"{bad}: exit {rc} (want {want}), last line {last!r}")
         return o
 
-    def signal(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+    def signal(self, case: Path, out: Path, settings: list[str], rng: random.Random) -> Outcome:
         steps = rng.randint(6, 10)
         signum = rng.choice([signal.SIGINT, signal.SIGTERM])
         delay = rng.uniform(0.5, 12.0)
@@ -195,7 +281,7 @@ class Soak:
         o.lost_steps += self.compare(out, settings, steps, logged, o)
         return o
 
-    def damage(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+    def damage(self, case: Path, out: Path, settings: list[str], rng: random.Random) -> Outcome:
         steps = rng.randint(2, 4)
         how = rng.choice(DAMAGE)
         o = Outcome("damage", f"{how} after {steps} steps")
@@ -220,7 +306,7 @@ class Soak:
         o.lost_steps += self.compare(out, settings, more, logged, o, loose_last=True)
         return o
 
-    def foreign(self, out: Path, settings: list[str], rng: random.Random) -> Outcome:
+    def foreign(self, case: Path, out: Path, settings: list[str], rng: random.Random) -> Outcome:
         o = Outcome("foreign", "")
         place = rng.choice(["notes.txt", "policy/notes.txt", "report.md", "metrics.jsonl"])
         o.detail = place
@@ -349,17 +435,76 @@ def _damage(ckpt: Path, how: str, rng: random.Random) -> None:
         (tmp / "state.pt").write_bytes(b"\0" * 10)
 
 
-def run(cases: int, seed: int, root: Path) -> dict:
+def _traceback(text: str) -> bool:
+    """Whether specroll's output holds a traceback of its own (a reward function's, shown
+    indented under the error that names it, is the user's and expected)."""
+    return any(line.startswith("Traceback (most recent call last)") for line in text.splitlines())
+
+
+def _last_line(text: str) -> str:
+    """The last line of the output that is not indented (the user's traceback below an
+    error line is)."""
+    lines = [line for line in text.strip().splitlines() if line and not line[0].isspace()]
+    return lines[-1] if lines else ""
+
+
+def _orphans(tag: str, grace_s: float = 3.0) -> int:
+    """Processes still carrying the case's TAG `grace_s` after its command ended (each is
+    killed once counted)."""
+
+    def alive() -> list[int]:
+        pids = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) == os.getpid():
+                continue
+            try:
+                env = (d / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"{TAG}={tag}".encode() in env:
+                pids.append(int(d.name))
+        return pids
+
+    t0 = time.monotonic()
+    while (pids := alive()) and time.monotonic() - t0 < grace_s:
+        time.sleep(0.1)
+    for pid in pids:
+        with contextlib.suppress(OSError):  # ended in the meantime
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def _squeeze(p: subprocess.Popen, args: list[str], step: int, t0: float):
+    """Lower the file-size limit of a running training to SQUEEZE_BYTES once its
+    checkpoint `step` exists; (exit code, RSS) if it ended first, else None."""
+    import resource
+
+    out = Path(args[args.index("--out") + 1])
+    want = out / "checkpoints" / f"step-{step:06d}"
+    while time.monotonic() - t0 < TIMEOUT_S:
+        done = _reap(p)
+        if done:
+            return done
+        if want.is_dir():
+            resource.prlimit(p.pid, resource.RLIMIT_FSIZE, (SQUEEZE_BYTES, SQUEEZE_BYTES))
+            return None
+        time.sleep(0.05)
+    return None
+
+
+def run(cases: int, seed: int, root: Path, areas: str = "run") -> dict:
     env = {**os.environ, "SPECROLL_HOME": str(root / "home"), "PYTHONUNBUFFERED": "1"}
     soak = Soak(root, env)
     rng = random.Random(seed)
     outcomes = []
+    kinds = AREAS[areas]
     for i in range(cases):
-        kind = KINDS[i % len(KINDS)] if i < len(KINDS) else rng.choice(KINDS)
+        kind = kinds[i % len(kinds)] if i < len(kinds) else rng.choice(kinds)
         t = time.monotonic()
         o = soak.case(i, kind, random.Random(rng.random()))
         outcomes.append(o)
-        flag = "ok" if not (o.unexpected or o.tracebacks or o.lost_steps or o.touched) else "!!"
+        bad = o.unexpected or o.tracebacks or o.lost_steps or o.touched or o.executed or o.orphans
+        flag = "!!" if bad else "ok"
         print(
             f"[{i + 1}/{cases}] {flag} {o.kind:8s} {o.detail[:60]:60s} exits {o.exits} "
             f"rss {o.peak_rss_mb:.0f} MB  {time.monotonic() - t:.0f}s",
@@ -371,10 +516,12 @@ def run(cases: int, seed: int, root: Path) -> dict:
     rss = [o.peak_rss_mb for o in outcomes]
     return {
         "cases": cases,
-        "by_kind": {k: sum(o.kind == k for o in outcomes) for k in KINDS},
+        "by_kind": {k: sum(o.kind == k for o in outcomes) for k in kinds},
         "tracebacks": sum(o.tracebacks for o in outcomes),
         "lost_completed_steps": sum(o.lost_steps for o in outcomes),
         "user_files_touched": sum(o.touched for o in outcomes),
+        "code_executions": sum(o.executed for o in outcomes),
+        "orphans": sum(o.orphans for o in outcomes),
         "unexpected": sum(bool(o.unexpected) for o in outcomes),
         "hangs": sum(o.hangs for o in outcomes),
         "peak_rss_mb": {
@@ -382,7 +529,7 @@ def run(cases: int, seed: int, root: Path) -> dict:
             "max": round(max(rss), 1),
             "each": [round(r) for r in rss],
         },
-        "config": {"seed": seed, "preset": "tiny", "timeout_s": TIMEOUT_S},
+        "config": {"seed": seed, "areas": areas, "preset": "tiny", "timeout_s": TIMEOUT_S},
     }
 
 
@@ -390,11 +537,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--areas",
+        choices=sorted(AREAS),
+        default="run",
+        help="run: issue 30's kinds (signals, damage, settings, foreign files); inputs: "
+        "issue 44's (files and values from elsewhere); all: both",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="specroll-soak-"))
     try:
-        print(json.dumps(run(args.cases, args.seed, root)))
+        print(json.dumps(run(args.cases, args.seed, root, args.areas)))
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
