@@ -108,7 +108,7 @@ def check(texts: tuple[str, ...] | list[str]) -> list[Ref]:
     for r in refs:
         key = (r.target, "")
         if not r.builtin:
-            path = _source(r)
+            path = source(r)
             _check_defined(r, path)
             key = (str(path.resolve()) if path is not None else r.target, r.function)
         if key in where:
@@ -121,7 +121,7 @@ def check(texts: tuple[str, ...] | list[str]) -> list[Ref]:
     return refs
 
 
-def _source(ref: Ref) -> Path | None:
+def source(ref: Ref) -> Path | None:
     """The file that defines `ref` (None: a module without Python source to read)."""
     if ref.is_file:
         path = Path(ref.target)

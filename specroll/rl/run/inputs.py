@@ -104,7 +104,7 @@ def _reward_source(text: str) -> Path | None:
     """The source file of a user reward function (None: a built-in, or no source)."""
     try:
         ref = reward_refs.parse(text)
-        return None if ref.builtin else reward_refs._source(ref)
+        return None if ref.builtin else reward_refs.source(ref)
     except ValueError:
         return None
 
