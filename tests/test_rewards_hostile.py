@@ -142,9 +142,12 @@ def fn(prompt, completion, record):
 """
 
 
-def test_sigterm_during_the_reward_stage_stops_the_run_at_once(tiny_setup, tmp_path):
+@pytest.mark.parametrize("val_size", [0, 2], ids=["step", "validation_at_start"])
+def test_sigterm_during_the_reward_stage_stops_the_run_at_once(tiny_setup, tmp_path, val_size):
     """The first SIGTERM stops a reward stage that is still computing within a second,
-    saves the last completed step and kills the worker (it used to finish the stage)."""
+    saves the last completed step and kills the worker (it used to finish the stage): the
+    step's scoring, and the validation before the first step (nothing is lost by stopping
+    it: a resumed run validates again)."""
     from tests.conftest import make_trainer
 
     path = _module(tmp_path, SLOW_ONCE)
@@ -153,7 +156,7 @@ def test_sigterm_during_the_reward_stage_stops_the_run_at_once(tiny_setup, tmp_p
         tmp_path / "run",
         f"reward.functions=[{path}:fn]",
         "pipeline.steps=1",
-        "data.val_size=0",
+        f"data.val_size={val_size}",
         "data.prompts_per_step=2",
         "data.group_size=2",
         "rollout.max_new_tokens=4",

@@ -207,13 +207,18 @@ class Trainer:
         """The mean reward of one sample per validation prompt (fixed seeds) of the current
         policy, kept as metric `val_accuracy` (an accuracy when rewards are 0 or 1, and
         shown to users as the validation reward); per data source in `val_by_source`
-        when records name theirs."""
+        when records name theirs. Before the first step a stop request ends its scoring at
+        once (a resumed run validates again); after an update it finishes, so that the
+        step's metrics are logged."""
         probs = self.task.validation()
         self.val_by_source: dict[str, float] = {}
         if not probs:
             return float("nan")
         results = self.rollout.generate(self.task.requests(probs, 1, VALIDATION_SEED))
-        rewards = self.task.rewards(probs, results, 1).view(-1)
+        if self.step == 0:
+            rewards = self.task.score(probs, results, 1).total.view(-1)
+        else:
+            rewards = self.task.rewards(probs, results, 1).view(-1)
         sources = [p.record.get("data_source") for p in probs]
         for src in sorted({str(x) for x in sources if x is not None}):
             mine = [i for i, x in enumerate(sources) if x is not None and str(x) == src]
