@@ -169,12 +169,7 @@ def cmd_bench_backends(args: argparse.Namespace) -> None:
     from specroll.model.hub import resolve
     from specroll.rl.rollout.bench import bench_backends, builtin_prompt_ids, check_settings
 
-    try:
-        batches = [int(b) for b in args.batches.split(",")]
-    except ValueError:
-        raise ValueError(
-            f"--batches: comma-separated batch sizes, e.g. 1,4,16,32; got {args.batches!r}"
-        ) from None
+    batches = list(int_list("--batches", args.batches, 1, MAX_BATCH))
     backends = tuple(args.backends.split(","))
     check_temperature("--temperature", args.temperature)
     check_settings(backends, batches, args.repeats, args.draft)  # before loading anything

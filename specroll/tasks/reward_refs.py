@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specroll.tasks.files import special_kind
 from specroll.tasks.reward import BUILTINS, builtin
 
 SIGNATURE = "fn(prompt: str, completion: str, record: dict) -> float | dict[str, float]"
@@ -130,8 +131,10 @@ def source(ref: Ref) -> Path | None:
         except OSError:
             raise ValueError(f"reward.functions: {ref.text!r}: no such file {path}") from None
         if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else special_kind(path)
             raise ValueError(
-                f"reward.functions: {ref.text!r}: {path} is {_kind(mode)}, not a Python file"
+                f"reward.functions: {ref.text!r}: {path} is {kind or 'not a regular file'}, "
+                "not a Python file"
             )
         return path
     spec = None
@@ -283,20 +286,6 @@ def _number(value, what: str) -> float:
             f"{what}{shown} (rewards must be finite, within +-{MAX_REWARD:g}: scale it down)"
         )
     return x
-
-
-def _kind(mode: int) -> str:
-    """What a file that is not a regular one is, in words."""
-    for test, kind in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return kind
-    return "not a regular file"
 
 
 def _short(text: str, n: int = 60) -> str:

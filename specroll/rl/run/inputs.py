@@ -12,8 +12,8 @@ What is fingerprinted: `data.train` (or a file in `data.task`) and `data.val`, a
 every file of a `save_to_disk` directory; and the source file of each user reward in
 `reward.functions` (the file of 'path.py:fn', the module of 'pkg.mod:fn', found as
 `tasks.reward_refs` finds it; a module it imports in turn is not followed). Hashing reads
-each file once at about 2 GB/s (SHA-256 with the CPU's SHA extensions), so a 1 GB data
-file costs about half a second at start and at resume; a file already hashed in this
+each file once (`checkpoint.sha256`) at about 1.5 GiB/s on a 2-core Zen 5, so a 1 GB
+data file costs about 0.6 s at start and at resume; a file already hashed in this
 process (same size, modification time and inode) is not read again.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from specroll.rl.run import checkpoint
 from specroll.tasks import reward_refs
 
 ALLOW_CHANGED = "--allow-changed-inputs"
@@ -127,6 +128,5 @@ def _sha256(path: Path) -> str:
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
     if key not in _cache:
-        with open(path, "rb") as f:
-            _cache[key] = hashlib.file_digest(f, "sha256").hexdigest()
+        _cache[key] = checkpoint.sha256(path)
     return _cache[key]
