@@ -51,7 +51,8 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.build import build_drafter
+from specroll.drafting import registry
+from specroll.engine.costmodel import CostModel
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.profile import PROFILE_PROMPTS_SEED, cached_profile
@@ -59,7 +60,6 @@ from specroll.engine.request import Request, SamplingParams
 from specroll.model import load_model
 from specroll.model.hub import home, resolve
 from specroll.model.tokenizer import Tokenizer
-from specroll.sim.costmodel import CostModel
 from specroll.tasks.sets import encode, prompt_set
 
 DRAFT_FIELDS = ("draft_fixed", "draft_per_row", "draft_step", "draft_step_per_row")
@@ -289,7 +289,7 @@ def main() -> None:
     path = resolve("smollm2")
     model, tok = load_model(path).eval(), Tokenizer(path)
     spec = drafter_spec(args.drafter)
-    drafter = build_drafter(spec, model)
+    drafter = registry.build(spec, model)
     prof_prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=PROFILE_PROMPTS_SEED)]
     cm, bad = profiles(args, model, drafter, prof_prompts)
 

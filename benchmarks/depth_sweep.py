@@ -31,6 +31,7 @@ import time
 import torch
 
 from specroll.drafters.eagle3 import Eagle3Drafter
+from specroll.engine.costmodel import CostModel
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.profile import PROFILE_PROMPTS_SEED, cached_profile
@@ -40,7 +41,6 @@ from specroll.model.hub import resolve
 from specroll.model.tokenizer import Tokenizer
 from specroll.rl.config import build_config
 from specroll.rl.run.draft import build_draft
-from specroll.sim.costmodel import CostModel
 from specroll.sim.rollout import Speculation, simulate_replica
 from specroll.tasks.sets import encode, math_problems
 

@@ -23,13 +23,14 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from specroll.engine.costmodel import CostModel
 from specroll.model.hub import home
-from specroll.sim.costmodel import CostModel
 from specroll.sim.presets import preset
 from specroll.sim.rollout import Speculation, TreeCost
 
-SHADOW_NAME = {"eagle3": "draft", "mtp": "draft", "history": "history"}
-"""sim_history's drafter names -> the run's shadow drafter names (the rest: the run's own)."""
+OLD_SHADOW_NAME = {"eagle3": "draft", "mtp": "draft"}
+"""sim_history's network names -> a shadow drafter's name in runs from before
+rollout.drafter named the network (since, they are the same)."""
 
 
 def speculation(name: str, taus: dict[int, float], cm: CostModel) -> Speculation:
@@ -68,8 +69,9 @@ def main() -> None:
         have = [p for p, v in phases.items() if isinstance(v, dict) and p != "draft_ms"]
         raise SystemExit(f"--phase {args.phase}: not in {args.acceptance} (it has {have})")
     acc = phases[args.phase]
-    kind = cfg["draft"]["kind"]
-    own = cfg["rollout"]["drafter"].replace("draft", kind)
+    drafter = cfg["rollout"]["drafter"]  # runs before rollout.drafter named the network: draft.kind
+    kind = cfg["draft"].get("kind") or drafter.removeprefix("history+")
+    own = drafter.replace("draft", kind)
     where = Path(args.profiles) if args.profiles else home() / "profiles"
     last = max(m["step"] for m in lines)
     steps = [m for m in lines if m.get("response_lengths") and m["step"] > last - args.late]
@@ -105,12 +107,9 @@ def main() -> None:
             plain = sim.generation(Speculation(), lengths)["gen_s"]
             pred.append(plain / sim.generation(spec, lengths)["gen_s"])
             top.append(max(plain / sim.generation(p, lengths)["gen_s"] for p in perfect))
-        key = (
-            "gen_rate_speedup"
-            if name == own
-            else f"shadow/{SHADOW_NAME.get(name, name)}/gen_rate_speedup"
-        )
-        measured = [m[key] for m in steps if key in m]
+        key = "gen_rate_speedup" if name == own else f"shadow/{name}/gen_rate_speedup"
+        old = f"shadow/{OLD_SHADOW_NAME.get(name, name)}/gen_rate_speedup"
+        measured = [m[key] if key in m else m[old] for m in steps if key in m or old in m]
         out[name] = {
             "profile": str(path),
             "taus": taus,

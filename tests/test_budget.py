@@ -2,7 +2,8 @@
 `--set rollout.k=100000000` or `rollout.max_new_tokens=100000000` used to grow a train run
 to 22.5 GB until the OOM killer ended it; now they, and any setting the policy's context
 window or the machine's memory cannot hold, stop the run at once with one line naming the
-setting, its value and its limit (`rl.budget`, `rl.config`, `engine.slots`)."""
+setting, its value and its limit (`rl.budget`, `rl.limits`, `rl.memory_estimate`,
+`rl.config`, `engine.slots`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from specroll.engine import Engine, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.engine.slots import Slots
 from specroll.model.config import ModelConfig
-from specroll.rl import budget
+from specroll.rl import budget, limits, memory_estimate
 from specroll.rl.config import build_config
 from specroll.rl.run.task import task_items
 
@@ -120,9 +121,9 @@ def _tiny(ctx: int = 512) -> ModelConfig:
 def test_model_configs_are_read_from_config_files(home):
     """'tiny' from its config.json, the embedded default from its published config (this
     home has not fetched it), neither by loading weights."""
-    got = budget.read_model_config("tiny")
+    got = limits.read_model_config("tiny")
     assert {**got.to_dict(), "eos_token_id": []} == _tiny().to_dict()
-    smollm2 = budget.read_model_config("smollm2")
+    smollm2 = limits.read_model_config("smollm2")
     assert smollm2.max_position_embeddings == 8192 and smollm2.num_layers == 30
     assert 134e6 < smollm2.num_params() < 135e6
 
@@ -131,33 +132,33 @@ def test_model_configs_are_read_from_config_files(home):
 def test_presets_fit_a_24_gib_machine(home, preset, most):
     """Measured: tiny 0.59 GiB (a real run peaks at 0.57 GB RSS), default 13.8 GiB."""
     cfg = build_config(preset)
-    model = budget.read_model_config(cfg.policy.model)
-    prompt = budget.prompt_tokens(cfg)
+    model = limits.read_model_config(cfg.policy.model)
+    prompt = limits.prompt_tokens(cfg)
     budget.check_budget(cfg, model, 24 * GiB, prompt)
-    assert budget.peak_estimate(cfg, model, prompt) < most
+    assert memory_estimate.peak_estimate(cfg, model, prompt) < most
     with pytest.raises(ValueError, match="needs an estimated .* more than the 0.2 GiB") as e:
         budget.check_budget(cfg, model, 256 << 20, prompt)
-    largest = max(budget.estimate(cfg, model, prompt), key=lambda p: p.bytes)
+    largest = max(memory_estimate.estimate(cfg, model, prompt), key=lambda p: p.bytes)
     assert f"{largest.name} " in str(e.value) and "\n" not in str(e.value)
 
 
 def test_the_default_refusal_names_what_needs_memory(home):
     cfg = build_config("default", ["policy.micro_batch=64", "rollout.max_new_tokens=2048"])
-    model = budget.read_model_config(cfg.policy.model)
+    model = limits.read_model_config(cfg.policy.model)
     with pytest.raises(ValueError) as e:
-        budget.check_budget(cfg, model, 24 * GiB, budget.prompt_tokens(cfg))
+        budget.check_budget(cfg, model, 24 * GiB, limits.prompt_tokens(cfg))
     assert "learner activations" in str(e.value) and "policy.micro_batch=64" in str(e.value)
 
 
 def test_max_new_tokens_boundary():
     cfg = build_config("tiny")
-    prompt = budget.prompt_tokens(cfg)
+    prompt = limits.prompt_tokens(cfg)
     most = 512 - prompt - cfg.rollout.k
     ok = build_config("tiny", [f"rollout.max_new_tokens={most}"])
-    budget.check_bounds(ok, _tiny(), prompt)
+    limits.check_bounds(ok, _tiny(), prompt)
     bad = build_config("tiny", [f"rollout.max_new_tokens={most + 1}"])
     with pytest.raises(ValueError, match=rf"rollout.max_new_tokens={most + 1}: .* at most {most}"):
-        budget.check_bounds(bad, _tiny(), prompt)
+        limits.check_bounds(bad, _tiny(), prompt)
 
 
 def test_k_boundary_of_the_context_window():
@@ -165,10 +166,10 @@ def test_k_boundary_of_the_context_window():
     prompt, ctx = 143, 200
     most = ctx - prompt - 1
     ok = build_config("tiny", [f"rollout.k={most}", "rollout.max_new_tokens=1"])
-    budget.check_bounds(ok, _tiny(ctx), prompt)
+    limits.check_bounds(ok, _tiny(ctx), prompt)
     bad = build_config("tiny", [f"rollout.k={most + 1}", "rollout.max_new_tokens=1"])
     with pytest.raises(ValueError, match=rf"rollout.k={most + 1}: .* at most {most}"):
-        budget.check_bounds(bad, _tiny(ctx), prompt)
+        limits.check_bounds(bad, _tiny(ctx), prompt)
 
 
 @pytest.mark.parametrize(
@@ -184,17 +185,17 @@ def test_hard_caps(field, most):
 def test_rollouts_per_step_fit_the_step_seeds():
     cfg = build_config("tiny", ["data.prompts_per_step=25001", "data.group_size=4"])
     with pytest.raises(ValueError, match="25001 x 4 = 100004 rollouts per step"):
-        budget.check_bounds(cfg, _tiny(), 143)
+        limits.check_bounds(cfg, _tiny(), 143)
 
 
 def test_prompts_longer_than_the_window(tmp_path):
     task = tmp_path / "long.jsonl"
     task.write_text("\n".join(f'{{"prompt": "{"x" * 600}", "answer": "1"}}' for _ in range(3)))
-    cfg = build_config("tiny", [f"data.task={task}", "data.val_size=1"])
-    prompt = budget.prompt_tokens(cfg, task_items(cfg))
-    assert prompt == 600 + budget.PROMPT_OVERHEAD_TOKENS
-    with pytest.raises(ValueError, match="data.task=.*up to 664 tokens"):
-        budget.check_bounds(cfg, _tiny(), prompt)
+    cfg = build_config("tiny", [f"data.train={task}", "data.val_size=1"])
+    prompt = limits.prompt_tokens(cfg, task_items(cfg))
+    assert prompt == 600 + limits.PROMPT_OVERHEAD_TOKENS
+    with pytest.raises(ValueError, match="data.train=.*up to 664 tokens"):
+        limits.check_bounds(cfg, _tiny(), prompt)
 
 
 # ---------------------------------------------------------------------- the engine

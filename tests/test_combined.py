@@ -12,17 +12,15 @@
 
 from __future__ import annotations
 
-import time
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from specroll.drafters.combined import CombinedConfig, CombinedDrafter
+from specroll.drafters.combined import CombinedDrafter
 from specroll.drafters.history import HistoryConfig, HistoryDrafter
+from specroll.drafters.proposal_choice import CHAIN_UP_TO, PROBE_EVERY, ProposalChoice
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+from specroll.engine.costmodel import CostModel
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
-from specroll.sim.costmodel import CostModel
 from specroll.spec import tree
 from specroll.spec.sampling import RowSampling
 from tests.conftest import (
@@ -45,6 +43,20 @@ def target():
 
 def _combined(target, history: HistoryDrafter | None = None) -> CombinedDrafter:
     return CombinedDrafter(history or HistoryDrafter(), spec_drafters(target)["eagle3"]())
+
+
+def _kinds(drafter: CombinedDrafter) -> list[str]:
+    """Spy on `drafter`'s proposals: the list it returns fills with "chain" (the network's
+    sampled chain) or "tree" (merged candidates), one per proposal."""
+    kinds, propose = [], drafter.propose
+
+    def spy(batch):
+        out = propose(batch)
+        kinds.append("tree" if out.parents is not None else "chain")
+        return out
+
+    drafter.propose = spy
+    return kinds
 
 
 def _outputs(target, n: int, t: float, seed0: int, tokens: int = 5) -> list[list[int]]:
@@ -78,49 +90,59 @@ def test_conditional_law_with_the_combined_drafter_and_history_held_fixed(target
 
 @pytest.mark.parametrize("budget", [2, 12])
 def test_greedy_combined_drafts_are_token_identical_to_plain(target, budget):
-    """A budget of 12: merged trees; of 2 (`chain_up_to`): the head's sampled chain and
-    the tree, each measured, then the one that kept more (here history's tree: the head
-    is random, the second call's prompts are the first's)."""
+    """A budget of 12: merged trees; of 2 (`CHAIN_UP_TO`): the head's sampled chain and
+    the tree, each tried while unmeasured, then the one that kept more per second (here
+    history's tree: the head is random, the second call's prompts are the first's), the
+    chain only probed now and then."""
     reqs = [
         Request(PROMPT, SamplingParams(0.0, max_new_tokens=48, stop_token_ids=(), seed=i))
         for i in range(4)
     ]
     plain = Engine(target, EngineConfig(max_batch=4)).generate(reqs)
     drafter = _combined(target)
+    kinds = _kinds(drafter)
     engine = Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(budget))
     for _ in range(2):  # the second call drafts from the first's outputs too
         out = engine.generate(reqs)
         assert [r.token_ids for r in out] == [r.token_ids for r in plain]
     assert out.stats.acceptance_length > 2  # history's tree, whichever the budget
     assert out.stats.draft_nodes > out.stats.draft_tokens  # trees
-    chain, tree = drafter.small["chain"][1], drafter.small["tree"][1]
-    assert (chain > 0) == (budget == 2)  # the chain was tried only where it may run
-    assert tree > max(chain, 1.1)  # tokens per row at a budget of 2, both measured
-    assert drafter.use_chain(2) == (chain == 0)  # tried while unmeasured, then the better
+    assert CHAIN_UP_TO == 2 and kinds[:2] == (["chain", "tree"] if budget == 2 else ["tree"] * 2)
+    assert kinds.count("chain") <= (1 + len(kinds) // PROBE_EVERY if budget == 2 else 0)
+
+
+def _measured(chain_s: float | None) -> ProposalChoice:
+    """A choice told that at a budget of 1 the chain kept 1.36 tokens per row and the tree
+    1.19 (at 2: 1.5 and 1.3), and — unless `chain_s` is None — that a chain proposal
+    takes `chain_s` seconds, a tree's 0.5 ms and the rest of the iteration 28 ms."""
+    choice = ProposalChoice()
+    choice.small_tokens("chain", [[1.36], [1.5]])
+    choice.small_tokens("tree", [[1.19], [1.3]])
+    if chain_s is not None:
+        choice.small_timed("chain", chain_s, 0.028)
+        choice.small_timed("tree", 0.0005, 0.028)
+    return choice
 
 
 def test_the_small_budget_choice_is_per_second_not_per_token(target):
     """The chain keeps more tokens at a budget of 1, but its network forwards make its
     iterations dearer than the history tree's: per second the tree wins (on a CPU the
     chain's forwards cost a sixth of an iteration here), and the chain again once its
-    proposals are cheap. Both timed by the engine's iterations too."""
-    drafter = _combined(target)
-    drafter.small = {"chain": [1.36, 1.5], "tree": [1.19, 1.3]}
-    assert drafter.use_chain(1)  # untimed: tokens per row alone
-    drafter.small_s = {"chain": 0.008, "tree": 0.0005, "rest": 0.028}
-    assert not drafter.use_chain(1)  # 1.36 / 36 ms < 1.19 / 28.5 ms
-    drafter.small_s["chain"] = 0.002
-    assert drafter.use_chain(1)  # 1.36 / 30 ms > 1.19 / 28.5 ms
+    proposals are cheap. Both timed by the engine's iterations too, and checkpointed."""
+    assert _measured(chain_s=None).use_chain(1)  # untimed: tokens per row alone
+    assert not _measured(chain_s=0.008).use_chain(1)  # 1.36 / 36 ms < 1.19 / 28.5 ms
+    assert _measured(chain_s=0.002).use_chain(1)  # 1.36 / 30 ms > 1.19 / 28.5 ms
     reqs = [
         Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(), seed=i))
         for i in range(4)
     ]
     fresh = _combined(target)
     Engine(target, EngineConfig(max_batch=4), fresh, FixedDepth(2)).generate(reqs)
-    assert all(v > 0 for v in fresh.small_s.values()), fresh.small_s
+    timed = fresh.state_dict()["small_s"]
+    assert set(timed) == {"chain", "tree", "rest"} and all(v > 0 for v in timed.values())
     restored = _combined(target)
     restored.load_state_dict(fresh.state_dict())
-    assert restored.small_s == fresh.small_s
+    assert restored.state_dict()["small_s"] == timed
 
 
 def test_the_network_is_charged_its_steady_feed_not_a_catch_up(target):
@@ -134,30 +156,12 @@ def test_the_network_is_charged_its_steady_feed_not_a_catch_up(target):
     ]
     drafter = _combined(target)
     Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(2)).generate(reqs)
-    steady = drafter.feed_s
+    steady = drafter.state_dict()["feed_s"]  # the engine's steady feeds were timed
     assert steady > 0
-    batch = SimpleNamespace(last=torch.zeros(4, dtype=torch.long), history=None)
-
-    def catch_up(seconds: float, pairs: int):
-        return lambda B, history: (time.sleep(seconds), pairs)[1]
-
-    drafter.draft.catch_up = catch_up(0.05, 500)  # whole prompts pending
-    assert drafter._feed_network(batch)[0] == steady
-    fresh = _combined(target)
-    fresh.draft.catch_up = catch_up(0.05, 500)
-    assert fresh._feed_network(batch)[0] >= 0.05  # nothing steady measured yet: as it came
-    fresh.draft.catch_up = catch_up(0.0, 2)
-    assert fresh._feed_network(batch)[0] < 0.05 and fresh.feed_s > 0
-
-
-def _sources(drafter: CombinedDrafter) -> dict[str, int]:
-    """How many of the last proposal's nodes each source backed."""
-    n = {"history": 0, "draft": 0}
-    for est in drafter._proposed:
-        for node_est in (est or {}).values():
-            for s in node_est:
-                n[s] += 1
-    return n
+    assert drafter.choice.fed(0.05, steady=False) == steady  # a catch-up: the steady cost
+    fresh = ProposalChoice()
+    assert fresh.fed(0.05, steady=False) == 0.05  # nothing steady measured yet: as it came
+    assert fresh.fed(0.001, steady=True) == 0.001 and fresh.fed(0.05, steady=False) == 0.001
 
 
 def test_the_combined_drafter_picks_the_source_that_predicts(target):
@@ -175,31 +179,14 @@ def test_the_combined_drafter_picks_the_source_that_predicts(target):
     for history, source in ((knows, "history"), (empty, "draft")):
         history.learn = False
         drafter = _combined(target, history)
-        captured = []
-        propose = drafter.propose
-
-        def spy(batch, propose=propose, drafter=drafter, captured=captured):
-            out = propose(batch)
-            captured.append(_sources(drafter))
-            return out
-
-        drafter.propose = spy
         engine = Engine(target, EngineConfig(max_batch=2), drafter, FixedDepth(8))
         engine.generate(reqs)
         other = "draft" if source == "history" else "history"
-        assert all(c[other] == 0 for c in captured), captured
-        if source == "history":
-            assert sum(c[source] > 0 for c in captured) >= len(captured) - 1, captured
-        else:  # a random head: run when probed (it brings nothing: `draft_pays`)
-            assert any(c[source] > 0 for c in captured), captured
+        # the walk reached candidates of the source that predicts only
+        assert drafter.predicted[source] > 0 and drafter.predicted[other] == 0
+        if source == "history":  # and took them: whole trees accepted
+            assert drafter.taken[source] > 0 and engine.stats.acceptance_length > 4
     assert drafter.calibration("draft") < 1  # the random head's misses were counted
-
-
-def test_combined_config_names_the_field():
-    with pytest.raises(ValueError, match="combined.draft_width"):
-        CombinedConfig(draft_width=0)
-    with pytest.raises(ValueError, match="combined.decay"):
-        CombinedConfig(decay=1.5)
 
 
 def test_a_verified_tree_tells_what_every_smaller_budget_emits():
@@ -291,7 +278,7 @@ def test_joint_distribution_with_the_combined_drafter_learning(target, budget):
 def test_the_network_is_skipped_while_it_brings_less_than_it_costs(target):
     """A random head beside a history that knows plain decoding's continuations (greedy)
     brings nothing the history does not: after its first iterations it runs only to be
-    measured again (every `probe_every`). A head that proposes those very continuations
+    measured again (every `PROBE_EVERY`). A head that proposes those very continuations
     beside an empty history brings every accepted token and runs every iteration."""
     reqs = [
         Request(PROMPT, SamplingParams(0.0, max_new_tokens=64, stop_token_ids=(), seed=i))
@@ -323,7 +310,7 @@ def test_the_network_is_skipped_while_it_brings_less_than_it_costs(target):
         engine.generate(reqs)
         iterations = engine.stats.target_forwards
         if knows:
-            assert len(calls) <= 2 + iterations // drafter.config.probe_every, (calls, iterations)
+            assert len(calls) <= 2 + iterations // PROBE_EVERY, (calls, iterations)
         else:
             assert len(calls) == iterations and engine.stats.acceptance_length > 4
 
@@ -337,7 +324,9 @@ def test_plain_iterations_teach_the_drafter_nothing(target):
     ]
     drafter = _combined(target)
     Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(8)).generate(reqs)
-    before = (dict(drafter.taken), dict(drafter.predicted), repr(drafter.small))
+    before = drafter.state_dict()
     assert drafter.predicted["history"] > 0
     Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(0)).generate(reqs)
-    assert (dict(drafter.taken), dict(drafter.predicted), repr(drafter.small)) == before
+    after = drafter.state_dict()
+    for key in ("taken", "predicted", "small"):
+        assert after[key] == before[key], key

@@ -8,29 +8,39 @@ import pytest
 import torch
 
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
-from specroll.engine.depth import AdaptiveDepth, FixedDepth
-from specroll.sim.costmodel import CostModel, fit_linear, fit_target
+from specroll.engine import acceptance as A
+from specroll.engine import depth as D
+from specroll.engine.acceptance import OCTAVE_WEIGHT, PRIOR, PRIOR_WEIGHT, RELAX
+from specroll.engine.calibration import BORROW, CHECK_AFTER
+from specroll.engine.costmodel import CostModel, fit_linear, fit_target
+from specroll.engine.depth import MARGIN, QUIET, REFRESH, AdaptiveDepth, FixedDepth
+
+
+def shrunk(accepted: float, reached: float) -> float:
+    """An estimate from counts, with the prior's pseudo-drafts."""
+    return (accepted + PRIOR_WEIGHT * PRIOR) / (reached + PRIOR_WEIGHT)
 
 
 def test_expected_tokens_and_online_acceptance():
-    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=3, prior=0.5, prior_weight=1e-9)
+    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=3)
     # 4 rows drafted 3 tokens: accepted prefixes of length 3, 1, 0, 2
     acc = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0]], dtype=torch.bool)
     d.observe(torch.tensor([3, 3, 3, 3]), acc)
-    assert d.alphas().tolist() == pytest.approx([3 / 4, 2 / 3, 1 / 2])
-    assert d.expected_tokens(3) == pytest.approx(1 + 0.75 + 0.5 + 0.25)
+    a = [shrunk(3, 4), shrunk(2, 3), shrunk(1, 2)]
+    assert d.alphas().tolist() == pytest.approx(a)
+    assert d.expected_tokens(3) == pytest.approx(1 + a[0] + a[0] * a[1] + a[0] * a[1] * a[2])
     assert d.expected_tokens(0) == 1.0
 
 
 def test_adaptive_picks_deep_when_verification_is_free_and_zero_when_it_is_not():
     cheap = CostModel(fixed=0.01, per_token=1e-6, knee=64, draft_step=1e-4)
-    hi = AdaptiveDepth(cheap, k_max=5, prior=0.8)
+    hi = AdaptiveDepth(cheap, k_max=5)
     assert hi.best(1) == 5
     costly = CostModel(fixed=0.0, per_token=0.01, knee=1, draft_step=1e-3)  # linear in tokens
-    assert AdaptiveDepth(costly, k_max=5, prior=0.8).best(8) == 0
-    # a draft that is never accepted switches speculation off (drafting costs 20%)
-    d = AdaptiveDepth(CostModel(fixed=0.01, draft_step=2e-3), k_max=5, prior=0.8, decay=1.0)
-    assert d.best(1) >= 3  # before any evidence: the prior says drafting pays
+    assert AdaptiveDepth(costly, k_max=5).best(8) == 0
+    # a draft that is never accepted switches speculation off (a draft costs 20%)
+    d = AdaptiveDepth(CostModel(fixed=0.01, draft_step=2e-3), k_max=5)
+    assert d.best(1) >= 1  # before any evidence: the prior says drafting pays
     for _ in range(50):
         d.observe(torch.full((4,), 5), torch.zeros(4, 5, dtype=torch.bool))
     assert d.best(1) == 0
@@ -117,28 +127,30 @@ def test_adaptive_probes_again_after_an_unlucky_start():
     """A few early rejections push the estimate below break-even; without evidence the
     counts relax to the prior, so drafting is tried again (and then kept, if it pays)."""
     cm = CostModel(fixed=0.01, per_token=1e-3, knee=1, draft_step=1e-3)  # k=1 pays if a > 0.2
-    d = AdaptiveDepth(cm, k_max=1, prior=0.5, prior_weight=4.0, decay=0.95, relax=0.95)
+    d = AdaptiveDepth(cm, k_max=1)
     assert [step(d, 1), step(d, 1)] == [0, 1]  # plain measured first; the prior says draft
     for _ in range(20):  # unlucky: a run of rejected drafts
         d.observe(torch.ones(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.bool))
     assert step(d, 1) == 0
-    waited = next(i for i in range(200) if step(d, 1) == 1)
-    assert 0 < waited < 60
+    half = math.log(2) / -math.log(RELAX)  # plain iterations that relax an estimate halfway
+    waited = next(i for i in range(int(4 * half)) if step(d, 1) == 1)
+    assert 0 < waited < 2 * half
     costly = CostModel(fixed=0.0, per_token=0.01, knee=1, draft_step=1e-3)
-    e = AdaptiveDepth(costly, k_max=3, prior=0.5)
+    e = AdaptiveDepth(costly, k_max=3)
     picks = [step(e, 32) for _ in range(300)]  # no probing where it cannot pay ...
-    assert picks.count(1) == 1 and picks.count(0) == 299  # ... but one, of depth 1
+    assert sorted(set(picks)) == [0, 1]  # ... but one probe, one step deeper than measured
+    assert picks.count(1) == 1  # (depth 1), once: it is never predicted close enough again
 
 
 def test_tokens_cut_after_a_predicted_stop_are_not_counted_as_gained():
     """A drafter that predicts how answers end has its stop token accepted, and what
     follows it (the bonus token) is cut: measured, those tokens come off tau(k)."""
-    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, tree=True, decay=1.0)
+    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, tree=True)
     for _ in range(50):  # 8 rows; every draft accepted, but 4 rows end on it
         d.observe_counts(8, [8], tokens=12)  # 8 drafts + 4 bonus tokens kept, 4 cut
     assert d.alphas(8)[0] > 0.95
     assert d.expected_tokens(1, 8) == pytest.approx(1.5, abs=0.05)
-    e = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, tree=True, decay=1.0)
+    e = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, tree=True)
     for _ in range(50):
         e.observe_counts(8, [8])  # the engine did not say: nothing is taken off
     assert e.expected_tokens(1, 8) > 1.95 and e.expected_tokens(0, 8) == 1.0
@@ -146,44 +158,59 @@ def test_tokens_cut_after_a_predicted_stop_are_not_counted_as_gained():
 
 def test_a_gain_within_the_margin_is_not_taken():
     """Verification as cheap as plain decoding and 1 % of drafts kept: drafting would
-    gain 1 %, inside the estimates' error, so plain decoding is kept."""
+    gain 1 %, inside the estimates' error (`MARGIN`), so plain decoding is kept; a gain
+    just beyond it is taken."""
     picks = {}
-    for margin in (0.0, 0.02):
-        d = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, decay=1.0, margin=margin)
-        for _ in range(100):
-            d.observe_counts(100, [1])
-        assert d.expected_tokens(1, 100) == pytest.approx(1.01, abs=0.001)
-        picks[margin] = d.best(100)
-    assert picks == {0.0: 1, 0.02: 0}
-    with pytest.raises(ValueError, match="margin"):
-        AdaptiveDepth(CostModel(fixed=1.0), margin=-0.1)
+    for kept in (1, 3):  # per 100 drafts
+        d = AdaptiveDepth(CostModel(fixed=1.0), k_max=1)
+        for _ in range(300):
+            d.observe_counts(100, [kept])
+        assert d.expected_tokens(1, 100) == pytest.approx(1 + kept / 100, abs=0.001)
+        picks[kept] = d.best(100)
+    assert 0.01 < MARGIN < 0.03 and picks == {1: 0, 3: 1}
 
 
-def test_a_batch_far_from_paying_stays_plain_without_deciding_again():
+class Counted(CostModel):
+    """A cost model that counts the predictions asked of it while `counting`."""
+
+    counting = False
+    asked = 0
+
+    def iteration(self, *a, **kw) -> float:
+        self.asked += self.counting
+        return super().iteration(*a, **kw)
+
+
+def test_a_batch_far_from_paying_stays_plain_without_deciding_again(monkeypatch):
     """Where every depth is predicted far below plain decoding (a rollout's large-batch
-    head), the policy re-decides only every `quiet` iterations: the same choices, a
-    fraction of the Python per iteration."""
-    costly = CostModel(fixed=0.0, per_token=0.01, knee=1, draft_step=1e-3)
+    head), the policy re-decides only every `QUIET` iterations: the same choices as a
+    policy that decides every iteration, a fraction of the predictions (and Python)."""
     picks, decided = {}, {}
-    for quiet in (0, 8):
-        d = AdaptiveDepth(costly, k_max=3, prior=0.5, quiet=quiet)
-        rates, calls = d._rates, []
-        d._rates = lambda *a, rates=rates, calls=calls: calls.append(a) or rates(*a)
-        picks[quiet] = [step(d, 32) for _ in range(300)]
-        decided[quiet] = len(calls)
-    assert picks[8] == picks[0] and picks[0].count(0) == 299
-    assert decided[0] == 300 and decided[8] <= 300 // 8 + 4
-    with pytest.raises(ValueError, match="quiet"):
-        AdaptiveDepth(costly, quiet=-1)
+    for quiet in (0, QUIET):
+        monkeypatch.setattr(D, "QUIET", quiet)
+        costly = Counted(fixed=0.0, per_token=0.01, knee=1, draft_step=1e-3)
+        d = AdaptiveDepth(costly, k_max=3)
+        picks[quiet], decisions = [], 0
+        for _ in range(300):
+            costly.counting, before = True, costly.asked
+            k = d.choose(32)
+            costly.counting = False
+            decisions += costly.asked > before
+            d.observe_time(32, k, 0.0, costly.iteration(32, k, 0.0))
+            picks[quiet].append(k)
+        decided[quiet] = decisions
+    assert picks[QUIET] == picks[0] and set(picks[0]) == {0, 1}
+    assert decided[0] == 300 and decided[QUIET] <= 300 // QUIET + 4
 
 
-def test_a_tail_starts_from_what_the_last_tail_measured():
+def test_a_tail_starts_from_what_the_last_tail_measured(monkeypatch):
     """A drafter accepting 10 % (below the prior of 50 %) is measured in one rollout's
     tail; the next rollout's large-batch head (300 plain iterations) must not hand its
     tail back the prior's optimism, or it would draft at a loss until it measured again."""
     cm = CostModel(fixed=0.01, per_token=1e-3, knee=1, draft_step=1e-3)  # B=2: pays if a > 0.25
-    for relax, drafts_again in ((0.98, True), (AdaptiveDepth(cm).relax, False)):
-        d = AdaptiveDepth(cm, k_max=1, prior=0.5, relax=relax)
+    for relax, drafts_again in ((0.98, True), (RELAX, False)):
+        monkeypatch.setattr(A, "RELAX", relax)  # relaxing as fast as the counts decay: not
+        d = AdaptiveDepth(cm, k_max=1)
         for i in range(60):  # the tail: 2 rows, one accepted draft in ten
             d.observe_counts(2, [int(i % 5 == 0)])
         assert d.alphas(2)[0] < 0.15 and d.best(2) == 0
@@ -197,12 +224,12 @@ def test_a_tail_starts_from_what_the_last_tail_measured():
 def test_acceptance_is_estimated_per_batch_octave():
     """Where acceptance differs with the batch size (a tail's long answers), each octave
     is judged on its own evidence once it has enough, and on the pooled one before."""
-    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=2, prior=0.5, decay=1.0, octave_weight=16)
+    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=2)
     for _ in range(100):
         d.observe_counts(1, [1, 1])  # batch 1: every draft accepted (100 rows)
         d.observe_counts(8, [0, 0])  # batch 8: none (800 rows)
     pooled = d.alphas()
-    assert pooled[0] == pytest.approx((100 + 4 * 0.5) / (900 + 4))
+    assert pooled[0] == pytest.approx(shrunk(100, 900), rel=1e-3)  # below the prior: kept
     assert d.alphas(1)[0] > 0.85 and d.alphas(8)[0] < 0.01
     assert d.alphas(32).tolist() == pooled.tolist()  # no evidence there: the pooled one
     assert d.expected_tokens(2, 1) > 2.6 and d.expected_tokens(2, 8) < 1.02
@@ -211,27 +238,27 @@ def test_acceptance_is_estimated_per_batch_octave():
     assert abs(d.alphas(16)[0] - pooled[0]) < 0.05
 
 
-def test_octaves_that_disagree_are_pooled_less():
+def test_octaves_that_disagree_are_pooled_less(monkeypatch):
     """How far an octave is shrunk towards the pooled estimate is measured: where the
     octaves' rates agree within noise, by `octave_weight`; where a tail's rows accept
     clearly less than the head's probes (a third against a tenth), a few dozen tail
     drafts outweigh the head, so the tail stops drafting at a loss."""
 
-    def measured(tail_accepts: int, **kw) -> AdaptiveDepth:
-        d = AdaptiveDepth(CostModel(fixed=1.0), k_max=1, decay=1.0, relax=1.0, **kw)
+    def measured(tail_accepts: int) -> AdaptiveDepth:
+        d = AdaptiveDepth(CostModel(fixed=1.0), k_max=1)
         for _ in range(25):  # the head's probes: 400 rows at batch 16, 5 in 16 accepted
             d.observe_counts(16, [5])
         for i in range(20):  # the tail: 40 rows at batch 2
             d.observe_counts(2, [int(i < tail_accepts)])
         return d
 
+    monkeypatch.setattr(A, "DECAY", 1.0)  # every draft counted alike: the rates as stated
     agree = measured(tail_accepts=12)  # 30 % at both
-    assert agree.shrinkage() == agree.octave_weight
+    assert agree.shrinkage() == OCTAVE_WEIGHT
     tail = measured(tail_accepts=4)  # 10 % at batch 2
-    assert tail.shrinkage() < 16
-    assert tail.alphas(2)[0] < 0.15 < 0.2 < measured(4, min_octave_weight=64).alphas(2)[0]
-    with pytest.raises(ValueError, match="min_octave_weight"):
-        AdaptiveDepth(CostModel(fixed=1.0), octave_weight=8, min_octave_weight=16)
+    assert tail.shrinkage() < 16 and tail.alphas(2)[0] < 0.15
+    monkeypatch.setattr(A, "MIN_OCTAVE_WEIGHT", OCTAVE_WEIGHT)  # pooled as if they agreed:
+    assert tail.alphas(2)[0] > 0.2  # the head's optimism
 
 
 # ---------------------------------------------------------------- online calibration
@@ -279,14 +306,18 @@ def wrong(cm: CostModel, **scale: float) -> CostModel:
 
 
 class Oracle:
-    """Best k per iteration from the true cost and the true acceptance."""
+    """Best k per iteration from the true cost and the true acceptance (plain decoding's
+    rate raised by `MARGIN`, as the policy's `best`)."""
 
     def __init__(self, true: CostModel, alpha: float, k_max: int = 7) -> None:
-        self.d = AdaptiveDepth(true, k_max, prior=alpha, prior_weight=1e12, decay=1.0)
-        self.k_max = k_max
+        self.true, self.alpha, self.k_max = true, alpha, k_max
 
     def choose(self, B, ctx=0.0):
-        return self.d.best(B, ctx)
+        def rate(k: int) -> float:
+            tau = sum(self.alpha**i for i in range(k + 1))
+            return B * tau / self.true.iteration(B, k, ctx) * (1 + MARGIN if k == 0 else 1)
+
+        return max(range(self.k_max + 1), key=rate)
 
     def observe(self, *a):
         pass
@@ -413,7 +444,7 @@ def test_time_calibration_is_measured_per_batch_octave():
     d.observe_time(2, 0, 0.0, cm.iteration(2, 0, 0.0))
     c2 = d.corrections(2)
     assert c2[0] == pytest.approx(0.0)
-    assert c2[2] == pytest.approx(math.log(2) * d.borrow**2)
+    assert c2[2] == pytest.approx(math.log(2) * BORROW**2)
     # outliers: the median of the window
     d.observe_time(8, 0, 0.0, 50 * cm.iteration(8, 0, 0.0))
     assert d.corrections(8)[0] == pytest.approx(math.log(2))
@@ -421,26 +452,30 @@ def test_time_calibration_is_measured_per_batch_octave():
 
 
 def test_exploration_is_deterministic_and_cheap():
-    """Plain decoding runs once per octave before speculating there (and every `refresh`
+    """Plain decoding runs once per octave before speculating there (and every `REFRESH`
     iterations), depths are tried one step deeper at a time, and two policies fed the
     same observations choose alike (no RNG)."""
     cheap = CostModel(fixed=1e-2, per_token=1e-5, knee=64, draft_step=1e-4)
     assert AdaptiveDepth(cheap, k_max=3).best(1) == 3
-    d = AdaptiveDepth(cheap, k_max=3, refresh=10)
-    picks = [step(d, 1) for _ in range(40)]
+    d = AdaptiveDepth(cheap, k_max=3)
+    n = 4 * REFRESH
+    picks = [step(d, 1) for _ in range(n)]
     assert picks[:4] == [0, 1, 2, 3]
-    assert picks.count(0) == 4 and picks.count(3) > 30  # plain: first, then every ~10
-    e = AdaptiveDepth(cheap, k_max=3, refresh=10)
-    assert [step(e, 1) for _ in range(40)] == picks
+    plain = [i for i, k in enumerate(picks) if k == 0]  # first, then every ~REFRESH
+    gaps = [b - a for a, b in zip(plain, plain[1:], strict=False)]
+    assert plain[0] == 0 and len(gaps) >= 3 and all(REFRESH < g <= REFRESH + 3 for g in gaps)
+    assert picks.count(3) > 0.9 * n
+    e = AdaptiveDepth(cheap, k_max=3)
+    assert [step(e, 1) for _ in range(n)] == picks
 
 
 def test_undrafted_positions_count_as_rejected():
     """An n-gram drafter that finds no match drafts nothing, yet the target verifies k+1
     columns: tau(k) must include those rows as rejections."""
-    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=2, prior_weight=1e-9)
+    d = AdaptiveDepth(CostModel(fixed=1.0), k_max=2)
     acc = torch.tensor([[1, 1], [0, 0]], dtype=torch.bool)
     d.observe(torch.tensor([2, 0]), acc)  # row 1 drafted nothing
-    assert d.alphas().tolist() == pytest.approx([0.5, 1.0])
+    assert d.alphas().tolist() == pytest.approx([shrunk(1, 2), shrunk(1, 1)])
 
 
 def test_profile_that_disagrees_with_measured_times_is_marked_stale(tiny_model, tmp_path, measured):
@@ -448,17 +483,17 @@ def test_profile_that_disagrees_with_measured_times_is_marked_stale(tiny_model, 
 
     P, calls = measured
     cm = P.cached_profile(tiny_model, NgramDrafter(), [[1]], log=lambda m: None)
-    d = AdaptiveDepth(cm, k_max=3, check_after=8)
-    for i in range(7):  # within the band: nothing happens
+    d = AdaptiveDepth(cm, k_max=3)
+    for i in range(CHECK_AFTER - 1):  # within the band: nothing happens
         d.observe_time(4, i % 2, 50.0, 1.2 * cm.iteration(4, i % 2, 50.0))
     d.observe_time(4, 0, 50.0, 1.2 * cm.iteration(4, 0, 50.0))
     assert d.disagreement is None
     assert len(calls) == 1 and P.cached_profile(tiny_model, NgramDrafter(), [[1]]) == cm
 
     cm = P.cached_profile(tiny_model, NgramDrafter(), [[1]], log=lambda m: None)
-    d = AdaptiveDepth(cm, k_max=3, check_after=8)
+    d = AdaptiveDepth(cm, k_max=3)
     with pytest.warns(RuntimeWarning, match="disagrees"):
-        for _ in range(8):  # plain decoding 3x slower than the profile says
+        for _ in range(CHECK_AFTER):  # plain decoding 3x slower than the profile says
             d.observe_time(4, 0, 50.0, 3 * cm.iteration(4, 0, 50.0))
     assert d.disagreement["all"] == pytest.approx(3.0)
     logs = []

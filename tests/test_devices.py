@@ -20,15 +20,17 @@ from contextlib import contextmanager, nullcontext
 import pytest
 import torch
 
-import specroll.engine.engine as engine_module
+import specroll.engine.iteration as engine_module
 from specroll.drafters.draft_model import DraftModelDrafter
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
-from specroll.drafters.mtp import MTPConfig, MTPDraft, MTPDrafter
+from specroll.drafters.eagle3 import Eagle3Drafter
+from specroll.drafters.mtp import MTPDrafter
 from specroll.drafters.ngram import NgramDrafter
+from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafting.mtp import MTPConfig, MTPDraft
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
+from specroll.engine.costmodel import CostModel
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.model.weights import for_inference
-from specroll.sim.costmodel import CostModel
 from tests.conftest import PROMPT, make_trainer, related_draft, spec_model
 from tests.test_learner import learner, tiny_batch, tiny_policy
 from tests.test_ray import TIMING
@@ -113,7 +115,7 @@ def _engine(kind: str, device: str, dtype: torch.dtype, adaptive: bool = False) 
         mtp.init_weights(4, 0.3)  # heads built and initialised on the CPU, then placed
         drafter = MTPDrafter(for_inference(mtp, device, dtype))
     cost = CostModel(fixed=1e-3, per_token=1e-5, knee=4, draft_step=1e-5)
-    depth = AdaptiveDepth(cost, k_max=3, prior=0.9) if adaptive else FixedDepth(3)
+    depth = AdaptiveDepth(cost, k_max=3) if adaptive else FixedDepth(3)
     return Engine(target, EngineConfig(max_batch=3), drafter, depth)
 
 

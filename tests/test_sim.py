@@ -49,7 +49,7 @@ def test_verification_regimes():
 
 
 def test_rollout_simulation_batch_shrinks_and_speculation_helps_the_tail():
-    from specroll.sim.costmodel import CostModel
+    from specroll.engine.costmodel import CostModel
     from specroll.sim.rollout import Speculation, Workload, simulate_rollout
 
     sp = Speculation.from_acceptance_length(2.5, 3)
@@ -81,7 +81,7 @@ def test_advancing_runs_of_iterations_at_once_matches_the_token_loop():
     a step model linear in the context that is exact, so it must equal one-by-one."""
     import numpy as np
 
-    from specroll.sim.costmodel import CostModel
+    from specroll.engine.costmodel import CostModel
     from specroll.sim.rollout import Speculation, Workload, simulate_replica
 
     cm = CostModel(fixed=0.01, per_token=1e-4, knee=16, kv=1e-7, attn=2e-8, draft_step=1e-3)
@@ -207,7 +207,7 @@ def test_sim_imports_only_numpy_stdlib_and_itself():
 
 def _tree_case():
     """A small memory-bound machine and workload for the measured-acceptance tests."""
-    from specroll.sim.costmodel import CostModel
+    from specroll.engine.costmodel import CostModel
     from specroll.sim.rollout import Workload
 
     cm = CostModel(fixed=0.01, per_token=1e-4, knee=64, kv=1e-8, draft_step=5e-4)

@@ -20,7 +20,6 @@ from rich.table import Table
 from specroll.cli.bounds import check_range
 from specroll.outputs import check_dir
 from specroll.sim.catalogue import hardware_spec, model_spec
-from specroll.sim.costmodel import CostModel
 from specroll.sim.presets import PRESETS, preset
 from specroll.sim.rlstep import Pipeline, RLSim
 from specroll.sim.rollout import Speculation
@@ -148,6 +147,9 @@ def build(args: argparse.Namespace) -> RLSim:
     if args.hardware:
         sim.hw = replace(hardware_spec(args.hardware), **_fit_of(sim.hw))
     if args.profile:  # this machine: one engine, generation from its fitted step times
+        # a measured profile (numpy only; the engine package itself loads torch)
+        from specroll.engine.costmodel import CostModel
+
         sim.step = CostModel.load(args.profile)
         sim.cluster = replace(sim.cluster, gpus=1, gen_gpus=0, gen_tp=1, gen_ep=1)
     over = {

@@ -10,8 +10,8 @@ that, with no network and no forward: a suffix index (`SuffixIndex`) over
 * a window of recent rollouts of other prompts (`window`),
 
 finds where the row's latest tokens occurred before (longest match first, shorter ones
-filling up to `matches` occurrences), and merges what followed them into a tree of
-candidates scored by frequency (`tree_from`): the most frequent continuations, best
+filling up to `MATCHES` occurrences), and merges what followed them into a tree of
+candidates scored by frequency (`candidate_tree.tree_from`): the most frequent continuations, best
 first, up to the engine's node budget and `max_depth`, none whose estimated probability
 is under `min_prob`. The size of each iteration's trees follows the matches: the
 proposal is only as wide as its fullest row, so the target scores no padding nodes.
@@ -31,10 +31,15 @@ from dataclasses import dataclass, field
 import torch
 
 from specroll.drafters.base import DraftBatch, Drafter, Proposal
+from specroll.drafters.candidate_tree import Occurrence, Trie, proposal, tree_from, trie
 from specroll.drafters.suffix_index import SuffixIndex
 
 SOURCES = ("prompt", "siblings", "past", "others")
 """What the drafter may draft from (see the module docstring)."""
+N_MAX = 8
+"""Longest suffix of a row looked up."""
+MATCHES = 16
+"""Most earlier occurrences merged into one tree."""
 
 
 @dataclass
@@ -43,10 +48,6 @@ class HistoryConfig:
 
     max_depth: int = 8
     """Deepest candidate (tokens past the row's last one)."""
-    n_max: int = 8
-    """Longest suffix of the row looked up."""
-    matches: int = 16
-    """Most earlier occurrences merged into one tree."""
     min_prob: float = 0.0
     """Candidates whose estimated probability (frequency along the tree) is below this
     are not proposed."""
@@ -64,9 +65,8 @@ class HistoryConfig:
     """Propose one path (the likeliest continuation) instead of a tree."""
 
     def __post_init__(self) -> None:
-        for name in ("max_depth", "n_max", "matches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"history.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_depth < 1:
+            raise ValueError(f"history.max_depth must be >= 1, got {self.max_depth}")
         for name in ("past", "window", "prompts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"history.{name} must be >= 0, got {getattr(self, name)}")
@@ -81,64 +81,6 @@ class HistoryConfig:
             )
 
 
-Trie = dict[int, list]
-"""token → [weight, children trie]: what followed a row's matches, merged."""
-
-
-def trie(occurrences: list[tuple[list[int], int, float]], depth: int) -> tuple[Trie, float]:
-    """Merge what followed each occurrence (sequence, start, weight), up to `depth` tokens,
-    into a trie → (trie, total weight): a node's weight / its parent's (the total at the
-    root) is the frequency with which its token followed."""
-    root: Trie = {}
-    total = 0.0
-    for seq, start, w in occurrences:
-        total += w
-        level = root
-        for tok in seq[start : start + depth]:
-            node = level.get(tok)
-            if node is None:
-                node = level[tok] = [0.0, {}]
-            node[0] += w
-            level = node[1]
-    return root, total
-
-
-def tree_from(
-    occurrences: list[tuple[list[int], int, float]],
-    nodes: int,
-    depth: int,
-    min_prob: float,
-    chain: bool = False,
-) -> tuple[list[int], list[int]]:
-    """Merge what followed each occurrence (sequence, start, weight) into a trie and keep
-    its `nodes` heaviest nodes no deeper than `depth` → (tokens, parents), parents as
-    node indices (0 = the row's last token, j = tokens[j - 1]). A child weighs no more
-    than its parent, so best-first order keeps every kept node's parent before it.
-    `chain`: only the heaviest child of each node (one path)."""
-    root, total = trie(occurrences, depth)
-    if total <= 0:
-        return [], []
-    # (−weight, depth, order, token, parent entry, children): best first, parents first
-    found: list[tuple] = []
-    stack = [(root, 0, -1)]
-    while stack:
-        level, d, parent = stack.pop()
-        items = level.items()
-        if chain and items:
-            items = [max(items, key=lambda kv: kv[1][0])]
-        for tok, (w, children) in items:
-            if w < min_prob * total:
-                continue
-            found.append((-w, d + 1, len(found), tok, parent))
-            stack.append((children, d + 1, len(found) - 1))
-    found.sort()
-    found = found[:nodes]
-    index = {entry[2]: i + 1 for i, entry in enumerate(found)}  # found order → node index
-    tokens = [entry[3] for entry in found]
-    parents = [0 if entry[4] < 0 else index[entry[4]] for entry in found]
-    return tokens, parents
-
-
 class HistoryDrafter(Drafter):
     """Model-free drafter of candidate trees from rollout history (module docstring)."""
 
@@ -147,9 +89,9 @@ class HistoryDrafter(Drafter):
     watch_collapse = False
 
     def __init__(self, config: HistoryConfig | None = None) -> None:
-        self.config = cfg = config or HistoryConfig()
+        self.config = config or HistoryConfig()
         self.prompts: OrderedDict[tuple[int, ...], _Prompt] = OrderedDict()
-        self.others = SuffixIndex(cfg.n_max)
+        self.others = SuffixIndex(N_MAX)
         self.recent: deque[int] = deque()  # finished rollouts in `others`, oldest first
         self._next_id = 0
         self.slots: list[_Row | None] = []
@@ -261,16 +203,14 @@ class HistoryDrafter(Drafter):
             toks, pars = tree_from(occ, k, min(cfg.max_depth, caps[b]), cfg.min_prob, cfg.chain)
             n = len(toks)
             tokens[b][:n], parents[b][:n], lengths[b] = toks, pars, n
-        # the tree is as wide as the fullest row's: when the matches support few
-        # candidates, the target forward scores few (an unused node costs as much as one)
-        width = max(lengths)
-        long = dict(dtype=torch.long, device=batch.last.device)
-        return Proposal(
-            tokens=torch.tensor([t[:width] for t in tokens], **long).view(B, width),
-            probs=None,
-            lengths=torch.tensor(lengths, **long),
-            parents=torch.tensor([p[:width] for p in parents], **long).view(B, width),
-        )
+        return proposal(tokens, parents, lengths, batch.last.device)  # as wide as the fullest row
+
+    def continuations(self, slot: int) -> tuple[Trie, float]:
+        """The trie of what followed the latest tokens of the row in `slot` (its matches,
+        as `propose` merges them) down to `max_depth`, and its total weight — for a
+        drafter that merges them with other candidates (`drafters.combined`). The row's
+        tokens are as of the last `sync`."""
+        return trie(self._occurrences(self.slots[slot]), self.config.max_depth)
 
     # history --------------------------------------------------------------------------
     def remember(self, prompt_ids: list[int], output_ids: list[int]) -> None:
@@ -312,7 +252,6 @@ class HistoryDrafter(Drafter):
 
     def load_state_dict(self, state: dict) -> None:
         """Rebuild the history `state_dict` saved (any live rows are dropped)."""
-        cfg = self.config
         flat = state["tokens"].tolist()
         ends = torch.cumsum(state["lengths"], 0).tolist()
         seqs = {
@@ -328,19 +267,19 @@ class HistoryDrafter(Drafter):
             state["prompts"].tolist(), state["done_counts"].tolist(), strict=True
         ):
             ids = tuple(seqs[psid])
-            prompt = self.prompts[ids] = _Prompt(ids, SuffixIndex(cfg.n_max), psid)
+            prompt = self.prompts[ids] = _Prompt(ids, SuffixIndex(N_MAX), psid)
             prompt.index.extend(psid, list(ids))
             for _ in range(count):
                 sid = next(done)
                 prompt.index.extend(sid, seqs[sid], len(ids) - 1)
                 prompt.done.append(sid)
-        self.others = SuffixIndex(cfg.n_max)
+        self.others = SuffixIndex(N_MAX)
         self.recent = deque(state["recent"].tolist())
         for sid, start in zip(self.recent, state["recent_starts"].tolist(), strict=True):
             self.others.extend(sid, seqs[sid], start)
         self._next_id = int(state["next_id"])
 
-    def _occurrences(self, row: _Row) -> list[tuple[list[int], int, float]]:
+    def _occurrences(self, row: _Row) -> list[Occurrence]:
         """Earlier occurrences of the row's latest tokens, longest match first, each
         weighted by its match length (a longer shared context predicts better)."""
         cfg = self.config
@@ -350,19 +289,19 @@ class HistoryDrafter(Drafter):
             skip |= prompt.live - {row.sid}
         if "prompt" not in cfg.sources:
             skip |= {row.sid, prompt.sid}
-        found: list[tuple[list[int], int, float]] = []
+        found: list[Occurrence] = []
         seen: set[tuple[int, int]] = set()
         indexes = [prompt.index]
         if "others" in cfg.sources:
             indexes.append(self.others)
-        for n in range(min(cfg.n_max, len(seq)), 0, -1):
+        for n in range(min(N_MAX, len(seq)), 0, -1):
             suffix = tuple(seq[-n:])
             for index in indexes:
-                for sid, s, nxt in index.find(suffix, cfg.matches - len(found), skip):
+                for sid, s, nxt in index.find(suffix, MATCHES - len(found), skip):
                     if (sid, nxt) not in seen:
                         seen.add((sid, nxt))
                         found.append((s, nxt, float(n)))
-                if len(found) >= cfg.matches:
+                if len(found) >= MATCHES:
                     return found
         return found
 
@@ -371,9 +310,7 @@ class HistoryDrafter(Drafter):
         if prompt is not None:
             self.prompts.move_to_end(ids)
         else:
-            prompt = self.prompts[ids] = _Prompt(
-                ids, SuffixIndex(self.config.n_max), self._new_id()
-            )
+            prompt = self.prompts[ids] = _Prompt(ids, SuffixIndex(N_MAX), self._new_id())
             prompt.index.extend(prompt.sid, list(ids))
             self._evict()
         return prompt

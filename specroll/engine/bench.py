@@ -27,6 +27,7 @@ from specroll.engine.prompts import BUILTIN_PROMPTS
 from specroll.engine.request import Request, SamplingParams
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
+from specroll.spec.metrics import SpecStats
 
 
 def median_time(
@@ -205,6 +206,25 @@ def compare_spec(
     overhead_frac is the share of wall time outside the draft and target forwards
     (verification, sampling, bookkeeping).
     """
+    plain, engines = _spec_engines(model, reqs, drafters, batch, ks)
+    tok_s, stats = _interleaved_rounds(plain, engines, reqs, repeats)
+    rows = []
+    for d, k in engines:
+        row = _spec_row(d, k, batch, stats[(d, k)], tok_s[(d, k)], tok_s[None])
+        log(f"{row}")
+        rows.append(row)
+    return rows
+
+
+def _spec_engines(
+    model: Transformer,
+    reqs: list[Request],
+    drafters: dict[str, Drafter] | dict[tuple[str, int], Drafter],
+    batch: int,
+    ks: list[int] | None,
+) -> tuple[Engine, dict[tuple[str, int], Engine]]:
+    """`compare_spec`'s plain engine (warmed up on one request) and its engine per
+    (drafter, k), all with `batch` slots."""
     from specroll.engine.depth import FixedDepth
 
     plain = Engine(model, EngineConfig(max_batch=batch))
@@ -216,6 +236,15 @@ def compare_spec(
         (d, k): Engine(model, EngineConfig(max_batch=batch), drafter, FixedDepth(k))
         for (d, k), drafter in runs.items()
     }
+    return plain, engines
+
+
+def _interleaved_rounds(
+    plain: Engine, engines: dict[tuple[str, int], Engine], reqs: list[Request], repeats: int
+) -> tuple[dict, dict]:
+    """`repeats` rounds of the plain engine, then every speculative one, on the same
+    freshly seeded requests; returns each engine's tokens per second and `SpecStats` per
+    round, keyed by (drafter, k) (None: the plain engine)."""
     tok_s: dict = {key: [] for key in [None, *engines]}
     stats: dict = {}
 
@@ -234,43 +263,43 @@ def compare_spec(
         run(None, plain, reqs_r)
         for key, eng in engines.items():
             run(key, eng, reqs_r)
-    rows = []
-    for d, k in engines:
-        ss = stats[(d, k)]
-        ratios = [s / a for s, a in zip(tok_s[(d, k)], tok_s[None], strict=True)]
-        row = {
-            "drafter": d,
-            "batch": batch,
-            "k": k,
-            "acceptance_length": round(statistics.median(s.acceptance_length for s in ss), 3),
-            "per_position": [round(x, 4) for x in ss[-1].per_position],
-            "tokens_per_target_forward": round(
-                statistics.median(s.tokens_per_forward for s in ss), 3
-            ),
-            "ar_tok_s": round(statistics.median(tok_s[None]), 2),
-            "spec_tok_s": round(statistics.median(tok_s[(d, k)]), 2),
-            "speedup": round(statistics.median(ratios), 3),
-            "overhead_frac": round(statistics.median(s.other_s / s.total_s for s in ss), 4),
-            "draft_frac": round(statistics.median(s.draft_s / s.total_s for s in ss), 4),
-            "draft_ms_per_iter": round(
-                statistics.median(1e3 * s.draft_s / max(s.target_forwards, 1) for s in ss), 3
-            ),
-            "nodes_per_row": round(
-                statistics.median(s.draft_nodes / max(s.row_forwards, 1) for s in ss), 2
-            ),
-            "target_ms_per_iter": round(
-                statistics.median(1e3 * s.target_s / max(s.target_forwards, 1) for s in ss), 3
-            ),
-            # what every smaller budget would have emitted (exact for trees: SpecStats.tau_at)
-            "tau_at": {
-                m: round(statistics.median(s.tau_at(m) for s in ss), 3)
-                for m in sorted({1, 2, 4, 8, 16, 32, 64, k})
-                if m <= k
-            },
-        }
-        log(f"{row}")
-        rows.append(row)
-    return rows
+    return tok_s, stats
+
+
+def _spec_row(
+    d: str, k: int, batch: int, ss: list[SpecStats], spec_tok_s: list[float], ar_tok_s: list[float]
+) -> dict:
+    """One (drafter, k) line of `compare_spec`: medians over its rounds `ss` (SpecStats)
+    and its speed-up over the plain runs of the same rounds."""
+    ratios = [s / a for s, a in zip(spec_tok_s, ar_tok_s, strict=True)]
+    return {
+        "drafter": d,
+        "batch": batch,
+        "k": k,
+        "acceptance_length": round(statistics.median(s.acceptance_length for s in ss), 3),
+        "per_position": [round(x, 4) for x in ss[-1].per_position],
+        "tokens_per_target_forward": round(statistics.median(s.tokens_per_forward for s in ss), 3),
+        "ar_tok_s": round(statistics.median(ar_tok_s), 2),
+        "spec_tok_s": round(statistics.median(spec_tok_s), 2),
+        "speedup": round(statistics.median(ratios), 3),
+        "overhead_frac": round(statistics.median(s.other_s / s.total_s for s in ss), 4),
+        "draft_frac": round(statistics.median(s.draft_s / s.total_s for s in ss), 4),
+        "draft_ms_per_iter": round(
+            statistics.median(1e3 * s.draft_s / max(s.target_forwards, 1) for s in ss), 3
+        ),
+        "nodes_per_row": round(
+            statistics.median(s.draft_nodes / max(s.row_forwards, 1) for s in ss), 2
+        ),
+        "target_ms_per_iter": round(
+            statistics.median(1e3 * s.target_s / max(s.target_forwards, 1) for s in ss), 3
+        ),
+        # what every smaller budget would have emitted (exact for trees: SpecStats.tau_at)
+        "tau_at": {
+            m: round(statistics.median(s.tau_at(m) for s in ss), 3)
+            for m in sorted({1, 2, 4, 8, 16, 32, 64, k})
+            if m <= k
+        },
+    }
 
 
 def _reseeded(req: Request, offset: int) -> Request:
@@ -325,6 +354,7 @@ def bench_spec(
     drafters: list[str],
     batches: list[int],
     ks: list[int],
+    build: Callable[[str, Transformer], Drafter],
     new_tokens: int = 128,
     repeats: int = 3,
     temperature: float = 1.0,
@@ -335,9 +365,8 @@ def bench_spec(
     """`compare_spec` per batch size on `spec_requests` (group 0: built-in prompts, else
     GRPO groups of math prompts), one drafter per (drafter, k) engine; history drafters
     start with `past` earlier epochs. A drafter spec may name its own depth or node
-    budget as `SPEC@K` (e.g. `eagle3:drafts/math@3,history@16`); others run at `ks`."""
-    from specroll.drafters.build import build_drafter
-
+    budget as `SPEC@K` (e.g. `eagle3:drafts/math@3,history@16`); others run at `ks`.
+    `build(spec, model)` makes a drafter (`drafting.registry.build`), afresh per batch."""
     combos = []
     for d in drafters:
         spec, at, k = d.rpartition("@") if "@" in d else (d, "", "")
@@ -345,7 +374,7 @@ def bench_spec(
     rows = []
     for B in batches:
         reqs = spec_requests(tok, B, new_tokens, temperature, group)
-        built = {(d, k): build_drafter(d, model) for d, k in combos}
+        built = {(d, k): build(d, model) for d, k in combos}
         for drafter in built.values():
             remember_past(model, drafter, reqs, past)
         rows += compare_spec(model, reqs, built, B, None, repeats, log)

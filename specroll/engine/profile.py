@@ -21,12 +21,12 @@ import torch
 
 from specroll.device import synchronize
 from specroll.drafters.base import Drafter, Proposal
+from specroll.engine.costmodel import CostModel, fit_features, fit_linear, fit_target
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
-from specroll.sim.costmodel import CostModel, fit_features, fit_linear, fit_target
 
 FORMAT = 2
 """Version of the cost model's terms; cached profiles of another version are re-measured."""

@@ -150,24 +150,14 @@ def _build_config(
     return config
 
 
-def gguf_to_hf(
-    gguf_path: str | Path,
-    out_dir: str | Path,
-    progress: Callable[[int, int], None] | None = None,
-    tokenizer: bool = True,
-) -> Path:
-    """Convert `gguf_path` (llama / qwen2 / qwen3) into an HF model directory at `out_dir`.
+def read_gguf(gguf_path: Path) -> tuple[GGUFReader, dict[str, Any], str]:
+    """Open `gguf_path` (memory-mapped: no tensor data is read) and check it is a GGUF of a
+    supported architecture with the metadata every reader here needs.
 
-    Writes config.json, generation_config.json, model.safetensors (fp32, standard HF names;
-    lm_head.weight only when the GGUF has its own output.weight) and, if `tokenizer`, the
-    tokenizer files from transformers' own GGUF tokenizer conversion (chat template included).
-    Everything is written into a temporary sibling directory that is renamed into place at the
-    end, so an interrupted conversion never leaves a half-written `out_dir`; an existing
-    `out_dir` is replaced. `progress(done, total)` is called after each tensor.
-
-    Raises ValueError for a missing file, a non-GGUF file or an unsupported architecture.
-    """
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    Returns (reader, metadata without the big tokenizer arrays, architecture). This is the
+    one place GGUF metadata is read: the converter and the bounds checked before a model
+    is loaded (`rl.limits`) both start here, so they agree on what a file holds. Raises
+    ValueError for a missing file, a non-GGUF file or an unsupported architecture."""
     if not gguf_path.is_file():
         raise ValueError(f"GGUF file {str(gguf_path)!r} does not exist")
     with gguf_path.open("rb") as f:
@@ -190,6 +180,49 @@ def gguf_to_hf(
     for key in (f"{arch}.attention.head_count", f"{arch}.block_count"):
         if key not in meta:
             raise ValueError(f"{str(gguf_path)!r} lacks required metadata {key!r}")
+    return reader, meta, arch
+
+
+def tensor_shapes(reader: GGUFReader) -> dict[str, tuple[int, ...]]:
+    """Every tensor's HF name and shape, from the file's tensor index alone (GGUF lists
+    dimensions innermost first: the reverse of the dequantised array's shape)."""
+    return {_hf_name(t.name): tuple(int(x) for x in reversed(t.shape)) for t in reader.tensors}
+
+
+def gguf_config(gguf_path: str | Path) -> dict[str, Any]:
+    """The HF config dict `gguf_to_hf` writes as config.json, read without converting or
+    dequantising any tensor: what a memory estimate needs before the model is loaded."""
+    gguf_path = Path(gguf_path)
+    reader, meta, arch = read_gguf(gguf_path)
+    shapes = tensor_shapes(reader)
+    for name, gguf_name in (
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.layers.0.mlp.gate_proj.weight", "blk.0.ffn_gate.weight"),
+    ):
+        if name not in shapes:
+            raise ValueError(f"{str(gguf_path)!r} lacks the tensor {gguf_name!r}")
+    return _build_config(meta, arch, shapes)
+
+
+def gguf_to_hf(
+    gguf_path: str | Path,
+    out_dir: str | Path,
+    progress: Callable[[int, int], None] | None = None,
+    tokenizer: bool = True,
+) -> Path:
+    """Convert `gguf_path` (llama / qwen2 / qwen3) into an HF model directory at `out_dir`.
+
+    Writes config.json, generation_config.json, model.safetensors (fp32, standard HF names;
+    lm_head.weight only when the GGUF has its own output.weight) and, if `tokenizer`, the
+    tokenizer files from transformers' own GGUF tokenizer conversion (chat template included).
+    Everything is written into a temporary sibling directory that is renamed into place at the
+    end, so an interrupted conversion never leaves a half-written `out_dir`; an existing
+    `out_dir` is replaced. `progress(done, total)` is called after each tensor.
+
+    Raises ValueError for a missing file, a non-GGUF file or an unsupported architecture.
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    reader, meta, arch = read_gguf(gguf_path)
     if tokenizer and "tokenizer.ggml.model" not in reader.fields:
         raise ValueError(f"{str(gguf_path)!r} has no tokenizer; pass tokenizer=False")
     n_heads = int(meta[f"{arch}.attention.head_count"])
@@ -198,34 +231,14 @@ def gguf_to_hf(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        weights: dict[str, torch.Tensor] = {}
-        total = len(reader.tensors)
-        for done, t in enumerate(reader.tensors, start=1):
-            name = _hf_name(t.name)
-            # np.array copies: F32 tensors come back as read-only views of the memory map.
-            w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
-            # Only llama is permuted by llama.cpp; qwen2/qwen3 keep HF's rotate_half layout.
-            if arch == "llama" and ".attn_q." in t.name:
-                w = _unpermute_rope(w, n_heads)
-            elif arch == "llama" and ".attn_k." in t.name:
-                w = _unpermute_rope(w, n_kv_heads)
-            weights[name] = torch.from_numpy(np.ascontiguousarray(w))
-            if progress is not None:
-                progress(done, total)
+        weights = _hf_weights(reader, arch, (n_heads, n_kv_heads), progress)
         shapes = {k: tuple(v.shape) for k, v in weights.items()}
         config = _build_config(meta, arch, shapes)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+        _write_configs(tmp, config)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del weights
         if tokenizer:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(
-                str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False
-            )
-            tok.save_pretrained(str(tmp))
+            _write_tokenizer(gguf_path, tmp)
         # mkdtemp and safetensors create owner-only entries; make the result readable like
         # any other model directory.
         for path in tmp.iterdir():
@@ -236,6 +249,49 @@ def gguf_to_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _hf_weights(
+    reader: GGUFReader,
+    arch: str,
+    heads: tuple[int, int],
+    progress: Callable[[int, int], None] | None,
+) -> dict[str, torch.Tensor]:
+    """Every tensor dequantised to fp32 under its HF name, q/k rows back in HF's layout
+    (heads: the query and key/value head counts); `progress(done, total)` after each."""
+    n_heads, n_kv_heads = heads
+    weights: dict[str, torch.Tensor] = {}
+    total = len(reader.tensors)
+    for done, t in enumerate(reader.tensors, start=1):
+        name = _hf_name(t.name)
+        # np.array copies: F32 tensors come back as read-only views of the memory map.
+        w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        # Only llama is permuted by llama.cpp; qwen2/qwen3 keep HF's rotate_half layout.
+        if arch == "llama" and ".attn_q." in t.name:
+            w = _unpermute_rope(w, n_heads)
+        elif arch == "llama" and ".attn_k." in t.name:
+            w = _unpermute_rope(w, n_kv_heads)
+        weights[name] = torch.from_numpy(np.ascontiguousarray(w))
+        if progress is not None:
+            progress(done, total)
+    return weights
+
+
+def _write_configs(out: Path, config: dict[str, Any]) -> None:
+    """config.json and generation_config.json (its special token ids) into `out`."""
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+
+def _write_tokenizer(gguf_path: Path, out: Path) -> None:
+    """The tokenizer files of transformers' own GGUF tokenizer conversion into `out`."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False
+    )
+    tok.save_pretrained(str(out))
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

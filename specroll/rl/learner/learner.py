@@ -10,6 +10,9 @@ cannot move a draft weight (tested to be exactly zero). Each has its own AdamW a
 own gradient clipping.
 
 Token convention: see `rl.algo.batch`; the head and its log-softmax: `rl.algo.logprobs`.
+The forward both stages share, and stage `logprob`: `rl.learner.scoring` (`Scorer`, this
+class's base); the figures an update reports, and which must be finite:
+`rl.learner.update_stats`.
 
 Placement: `learner.device` / `learner.dtype`. Batches arrive on the CPU and move to the
 learner's device here; `logprobs` returns CPU fp32; `train` returns floats, read once
@@ -21,24 +24,31 @@ from __future__ import annotations
 
 import functools
 import math
-from contextlib import AbstractContextManager
 from dataclasses import fields
 
 import torch
 
-from specroll.drafters.trainable import TrainableDraft
-from specroll.drafting.train import draft_loss as ttt_loss
+from specroll.drafting.trainable import TrainableDraft
+from specroll.drafting.ttt import draft_loss as ttt_loss
 from specroll.model.transformer import Transformer
 from specroll.rl.algo import loss
-from specroll.rl.algo.batch import Batch, MicroBatch, plan_micro_batches, predicting_positions
-from specroll.rl.algo.logprobs import head_logprobs
+from specroll.rl.algo.batch import Batch, MicroBatch
 from specroll.rl.config import DraftConfig, LossConfig, PolicyConfig
-from specroll.rl.config_rollout import RolloutConfig
+from specroll.rl.config.rollout import RolloutConfig
 from specroll.rl.errors import NonFiniteError
 from specroll.rl.learner.memory import keep_freed_memory
+from specroll.rl.learner.scoring import Scorer
+from specroll.rl.learner.update_stats import (
+    STAT_TERMS,
+    full,
+    mean_over_updates,
+    micro_stats,
+    nonfinite,
+    settle_extremes,
+)
 
 
-class Learner:
+class Learner(Scorer):
     """Policy (+ optional online draft) optimisation on `device` in `dtype`.
 
     On the CPU, constructing one also makes glibc keep freed memory for reuse in this
@@ -109,84 +119,6 @@ class Learner:
                 self.draft.parameters(), lr=draft_cfg.lr, betas=(0.9, 0.95), **_fused(self.device)
             )
 
-    def _autocast(self) -> AbstractContextManager:
-        """bf16 compute over fp32 weights (a no-op context in fp32)."""
-        return torch.autocast(
-            self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16
-        )
-
-    def forward(
-        self,
-        model: Transformer,
-        b: Batch,
-        vocab: torch.Tensor | None = None,
-        where: tuple[torch.Tensor, torch.Tensor] | None = None,
-        entropy: bool = False,
-    ) -> tuple:
-        """One micro-batch's decoder forward and the head at the response positions.
-
-        where: (rows, cols) [n] of the positions that predict a response token (see
-        `predicting_positions`; computed from `b` when not given). Returns (logp [B, W]
-        fp32, 0 outside the response; the draft target [n, V'] at those positions, which
-        are the ones `drafters.ttt.loss_mask` selects, in its order, when `vocab` is
-        given; the hidden states `self.hidden_layers`), and with `entropy` a fourth item:
-        the processed distribution's entropy [B, W] at the response tokens (0 elsewhere,
-        detached)."""
-        last = model.cfg.num_layers
-        layers = self.hidden_layers if model is self.policy else (last,)
-        with self._autocast():
-            out = model(b.tokens, hidden_layers=layers, return_logits=False)
-        rows, cols = where if where is not None else predicting_positions(b, self.device)
-        # the norm over every position, then the rows: an RMSNorm reduction's order
-        # depends on the tensor's shape, and these are the plain path's numerics
-        final = model.final_state(out.hidden[last])[rows, cols]  # [n, H]
-        picked, target, *ent = head_logprobs(
-            final,
-            model.head_weight,
-            b.tokens[rows, cols + 1],
-            self.temperature,
-            vocab=vocab,
-            dtype=self.dtype,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            entropy=entropy,
-        )
-        logp = torch.zeros(b.tokens.shape, device=picked.device)
-        res = (logp.index_put((rows, cols + 1), picked), target, out.hidden)
-        if entropy:
-            res += (torch.zeros_like(logp).index_put((rows, cols + 1), ent[0]),)
-        return res
-
-    # ------------------------------------------------------------------ stage: logprob
-
-    @torch.no_grad()
-    def logprobs(self, batch: Batch, model: Transformer | None = None) -> torch.Tensor:
-        """[N, T] tempered log-probs (CPU, fp32) of `batch.tokens` under `model` (default:
-        the policy); 0 outside the response."""
-        model = model or self.policy
-        plan = self._micro(batch)
-        batch = batch.to(self.device)
-        out = torch.zeros(batch.tokens.shape, device=self.device)
-        for m, real in self._mine(plan):
-            b = batch.rows(m.idx, m.width)
-            logp, _, _ = self.forward(model, b, where=m.where(b, self.device))
-            if real:
-                out[torch.tensor(m.idx, device=self.device), : m.width] = logp
-        if self.dp is not None:  # each row was computed on one rank, zeros elsewhere
-            self.dp.sum_(out)
-        return out.cpu()
-
-    def _mine(self, plan: list[MicroBatch]) -> list[tuple[MicroBatch, bool]]:
-        """(micro-batch, real) pairs this rank runs: all of them, real, in one process;
-        under data parallelism its share, padded with dummies (forwards whose results
-        count for nothing) so that every rank runs as many forwards and backwards as the
-        others (each is a collective under FSDP)."""
-        return [(m, True) for m in plan] if self.dp is None else self.dp.share(plan)
-
-    def _micro(self, batch: Batch) -> list[MicroBatch]:
-        """Micro-batches of `policy.micro_batch` rows (`plan_micro_batches`)."""
-        return plan_micro_batches(batch, self.pcfg.micro_batch)
-
     # ------------------------------------------------------------------ stage: train
 
     def train(
@@ -223,17 +155,7 @@ class Learner:
             if part:
                 for k, v in self._update(batch, part, old_logp, ref_logp).items():
                     stats.setdefault(k, []).append(v)
-        out: dict = {}
-        for k, v in stats.items():  # mean over updates (per position for lists)
-            if k in EXTREMES:  # the extreme over updates (None: an update without tokens)
-                seen = [x for x in v if x is not None]
-                out[k] = (min if k.endswith("_min") else max)(seen) if seen else None
-                continue
-            out[k] = (
-                [sum(x) / len(v) for x in zip(*v, strict=True)]
-                if isinstance(v[0], list)
-                else sum(v) / len(v)
-            )
+        out = mean_over_updates(stats)
         out["lr"] = self.opt.param_groups[0]["lr"]
         return out
 
@@ -261,10 +183,10 @@ class Learner:
         ref_logp: torch.Tensor | None,
         n_tokens: float,
         n_seqs: int,
-    ) -> tuple[dict[str, torch.Tensor], list[list[float]]]:
+    ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         """Forward and backward of every micro-batch of one update (gradients accumulate);
-        returns the update's statistics as device tensors and the online draft's
-        per-micro-batch acceptance."""
+        returns the update's statistics and the online draft's per-micro-batch acceptance
+        ([steps] each), all as device tensors."""
         n_seqs = float(n_seqs)
         cap = loss.weight_cap(self.lcfg, self.decoupled)
         use_ref = self.lcfg.kl_coef > 0 and ref_logp is not None
@@ -280,7 +202,7 @@ class Learner:
         # the extremes of the ratio pi / pi_old over the update's tokens (max-reduced:
         # the minimum as the maximum of its negation)
         ext = torch.full((2,), -math.inf, dtype=torch.float64, device=self.device)
-        draft_acc: list[list[float]] = []
+        draft_acc: list[torch.Tensor] = []
         vocab = self.draft_vocab()
         for m, real in micros:
             b = sub.rows(m.idx, m.width)
@@ -304,27 +226,19 @@ class Learner:
                 policy_loss = policy_loss * 0.0
                 terms = {k: v * 0 if k not in STAT_TERMS else v for k, v in terms.items()}
             acc["policy_loss"] = acc["policy_loss"] + policy_loss.detach()
-            acc["clip_frac"] = acc["clip_frac"] + _token_mean(terms["clipped"] * mask, n_tokens)
-            seen = mask if real else torch.zeros_like(mask)  # a dummy's tokens count nothing
-            ext = _token_stats(acc, ext, terms, ent, seen, n_tokens)
-            if "kl" in terms:
-                acc["kl"] = acc["kl"] + _token_mean(terms["kl"] * mask, n_tokens)
-            if "tis_clip_frac" in acc:
-                acc["tis_clip_frac"] = acc["tis_clip_frac"] + _token_mean(
-                    terms["capped"] & mask, n_tokens
-                )
+            ext = micro_stats(acc, ext, terms, ent, mask, real, n_tokens)
             total = policy_loss
             if self.draft is not None:
                 dl, dm = self.draft_loss(b, hidden, target)
                 dl = dl if real else dl * 0.0
                 total = total + self.dcfg.weight * dl * (len(m.idx) / n_seqs)
                 acc["draft_loss"] = acc["draft_loss"] + dl.detach().double() * len(m.idx) / n_seqs
-                draft_acc.append(dm["accept"] if real else [math.nan] * len(dm["accept"]))
+                draft_acc.append(dm["accept"] if real else torch.full_like(dm["accept"], math.nan))
             total.backward()
         acc["ratio_max"], acc["ratio_min"] = ext[0], ext[1]  # (max-reduced; see `_step`)
         return acc, draft_acc
 
-    def _step(self, acc: dict[str, torch.Tensor], draft_acc: list[list[float]]) -> dict:
+    def _step(self, acc: dict[str, torch.Tensor], draft_acc: list[torch.Tensor]) -> dict:
         """Clip and step both optimizers; the update's statistics, read in one go."""
         if self.dp is not None and self.draft is not None:
             self.dp.sum_grads(self.draft.parameters())  # the replicated draft: summed grads
@@ -337,17 +251,24 @@ class Learner:
         sums = torch.cat([sums, top])
         keys += ["ratio_max", "ratio_min"]
         # under FSDP the policy's clipping norm is a DTensor: its global value
-        acc = {"grad_norm": _full(_clip_grad(self.policy.parameters(), self.pcfg.grad_clip))}
+        acc = {"grad_norm": full(_clip_grad(self.policy.parameters(), self.pcfg.grad_clip))}
         if self.draft_opt is not None:
             params = list(self.draft.parameters())
-            acc["draft_grad_norm"] = _full(_clip_grad(params, self.dcfg.grad_clip))
+            acc["draft_grad_norm"] = full(_clip_grad(params, self.dcfg.grad_clip))
         keys += list(acc)
         values = torch.cat([sums, torch.stack([v.double() for v in acc.values()])])
-        out: dict = dict(zip(keys, values.tolist(), strict=True))  # the one host read
-        out["ratio_min"] = -out["ratio_min"]
-        for k in EXTREMES:  # no token in the update: no extreme
-            out[k] = out[k] if math.isfinite(out[k]) else None
-        bad = [k for k in GUARDED if not math.isfinite(out.get(k, 0.0))]
+        if self.draft_opt is not None:
+            # the draft's acceptance per step j, summed over the micro-batches (of all
+            # ranks) that reached it, with their count: [2, steps]
+            a = torch.stack(draft_acc).double()  # [micro-batches, steps]
+            tot = torch.stack([a.nan_to_num().sum(0), (~a.isnan()).sum(0).double()])
+            if self.dp is not None:
+                self.dp.sum_(tot)
+            values = torch.cat([values, tot.flatten()])
+        read = values.tolist()  # the one host read
+        out: dict = dict(zip(keys, read[: len(keys)], strict=True))
+        settle_extremes(out)
+        bad = nonfinite(out)
         if bad:  # every rank read the same global figures: all skip the step together
             self.opt.zero_grad(set_to_none=True)
             if self.draft_opt is not None:
@@ -359,12 +280,10 @@ class Learner:
             self.draft_opt.step()
         if self.draft_opt is not None:
             # mean over the micro-batches (of all ranks) that reached step j
-            a = torch.tensor(draft_acc, dtype=torch.float64, device="cpu")  # [micro-batches, steps]
-            seen = ~a.isnan()
-            tot = torch.stack([a.nan_to_num().sum(0), seen.sum(0).double()])  # [2, steps]
-            if self.dp is not None:  # on the device: NCCL reduces CUDA tensors only
-                tot = self.dp.sum_(tot.to(self.device)).cpu()
-            out["draft_accept"] = (tot[0] / tot[1].clamp(min=1)).tolist()
+            tot = read[len(keys) :]
+            steps = len(tot) // 2
+            pairs = zip(tot[:steps], tot[steps:], strict=True)
+            out["draft_accept"] = [s / max(c, 1.0) for s, c in pairs]
         return out
 
     def draft_vocab(self) -> torch.Tensor | None:
@@ -410,61 +329,11 @@ class Learner:
                 target_logp=target_logp,
                 steps=self.dcfg.ttt_steps,
                 decay=self.dcfg.step_decay,
+                on_device=True,  # read once per update, in `_step`
             )
 
 
 _clip_grad = torch.nn.utils.clip_grad_norm_
-
-GUARDED = ("policy_loss", "kl", "grad_norm", "draft_loss", "draft_grad_norm")
-"""Figures of an update that must be finite for it to be applied (`NonFiniteError`)."""
-EXTREMES = ("ratio_min", "ratio_max")
-"""Statistics that are extremes over the update's tokens (reduced by min / max, not mean;
-None when the update had no token)."""
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's global value (FSDP's gradient norm); other tensors as they are."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-STAT_TERMS = ("clip_low", "clip_high", "ratio", "support")
-"""Per-token terms of `loss.token_objective` that `_token_stats` reads under its own mask
-(a dummy micro-batch's mask is empty there, rather than its terms zeroed)."""
-
-
-def _token_stats(
-    acc: dict[str, torch.Tensor],
-    ext: torch.Tensor,
-    terms: dict[str, torch.Tensor],
-    ent: torch.Tensor,
-    mask: torch.Tensor,
-    n_tokens: float,
-) -> torch.Tensor:
-    """Add one micro-batch's shares of the per-token statistics to `acc` (clip fractions
-    by side, entropy, mean ratio, tokens outside the processed support when `acc` counts
-    them) and return the running [max ratio, -min ratio] `ext`, all on the device.
-
-    terms: `loss.token_objective`'s; ent, mask: [B, W] entropy and the tokens to count."""
-    for key, term in (("clip_frac_low", "clip_low"), ("clip_frac_high", "clip_high")):
-        acc[key] = acc[key] + _token_mean(terms[term] * mask, n_tokens)
-    acc["entropy"] = acc["entropy"] + _token_mean(ent * mask, n_tokens)
-    inside = mask & terms["support"]
-    ratio = terms["ratio"].double()
-    acc["ratio_mean"] = acc["ratio_mean"] + _token_mean(ratio * inside, n_tokens)
-    if "outside_support" in acc:
-        acc["outside_support"] = acc["outside_support"] + _token_mean(
-            mask & ~terms["support"], n_tokens
-        )
-    ninf = torch.full((), -math.inf, dtype=torch.float64, device=ratio.device)
-    here = torch.stack(
-        [torch.where(inside, ratio, ninf).max(), torch.where(inside, -ratio, ninf).max()]
-    )
-    return torch.maximum(ext, here)
-
-
-def _token_mean(x: torch.Tensor, n: float) -> torch.Tensor:
-    """sum(x) / n in float64 (a micro-batch's share of a per-token statistic's mean)."""
-    return x.sum().double() / n
 
 
 def _fused(device: torch.device) -> dict:

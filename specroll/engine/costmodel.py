@@ -1,5 +1,9 @@
 """Step-time cost model: what one engine iteration costs, fitted to measurements.
 
+It lives beside the engine because the engine is what it describes and what uses it at
+run time (`engine.depth`, `engine.profile`); the simulator (`specroll simulate
+--profile`) loads a measured one through the same class.
+
 A decode/verify forward over B rows adding q tokens each at context c processes N = B*q
 tokens. Its time is modelled as
 
@@ -91,7 +95,7 @@ class CostModel:
 
     def save(self, path: str | Path) -> None:
         meta = {k: v for k, v in self.meta.items() if k != "cache_path"}
-        tmp = Path(path).with_name(Path(path).name + ".tmp")  # atomic: sim stays a leaf
+        tmp = Path(path).with_name(Path(path).name + ".tmp")  # atomic: never half a profile
         tmp.write_text(json.dumps(asdict(self) | {"meta": meta}, indent=2) + "\n")
         os.replace(tmp, path)
 
