@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from specroll.drafters.eagle3 import Eagle3Drafter
-from specroll.drafters.eagle3_io import load_eagle3
-from specroll.drafters.mtp import MTPConfig, MTPDraft
-from specroll.drafters.trainable import TrainableDraft, load_draft, save_draft
-from specroll.drafters.ttt import ttt_unroll, unroll_mask
 from specroll.drafting.data import DraftData, DraftDataConfig, collect
+from specroll.drafting.eagle3_io import load_eagle3
+from specroll.drafting.mtp import MTPConfig, MTPDraft
 from specroll.drafting.train import (
     DraftTrainConfig,
     new_eagle3,
     select_vocab,
     train_draft,
 )
+from specroll.drafting.trainable import TrainableDraft, load_draft, save_draft
+from specroll.drafting.ttt import ttt_unroll, unroll_mask
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.model import ModelConfig, Transformer
@@ -220,7 +220,7 @@ def test_bad_inputs_fail_before_work(target, data_dir, tmp_path):
 
 
 def test_mtp_head_trains_and_loads(target, data_dir, tmp_path):
-    from specroll.drafters.mtp_io import load_mtp
+    from specroll.drafting.mtp_io import load_mtp
 
     d, _, _ = data_dir
     cfg = DraftTrainConfig(

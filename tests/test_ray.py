@@ -63,23 +63,13 @@ def _same(a: dict, b: dict) -> None:
             assert a[k] == b[k], k
 
 
-def test_sync_on_ray_gives_the_single_process_metrics(local_ray, tiny, tmp_path):
-    here = _trainer(tiny, tmp_path / "a")
-    there = _trainer(tiny, tmp_path / "b", "rollout.backend=ray", "ray.workers=2")
-    try:
-        for _ in range(3):
-            _same(here.run_step(), there.run_step())
-    finally:
-        there.close()
-
-
 def test_async_respects_max_lag(local_ray, tiny, tmp_path):
     t = _trainer(tiny, tmp_path, "rollout.backend=ray", "pipeline.max_lag=1", "pipeline.steps=4")
     seen = []
     generate = t.rollout.submit
 
-    def spy(reqs, plain=False):
-        pending = generate(reqs, plain)
+    def spy(reqs):
+        pending = generate(reqs)
         seen.append((t.step, pending.version))  # learner step at submission, weights
         return pending
 
@@ -130,13 +120,15 @@ def test_a_worker_refuses_a_draft_of_another_shape(local_ray, tiny, tmp_path):
         t.close()
 
 
-def test_checkpoint_resume_on_ray(local_ray, tiny, tmp_path):
-    full = _trainer(tiny, tmp_path / "a", "rollout.backend=ray")
-    try:
-        rows = full.run()
-    finally:
-        full.close()
-    t = _trainer(tiny, tmp_path / "b", "rollout.backend=ray", "pipeline.checkpoint_every=1")
+def test_sync_on_ray_gives_the_single_process_metrics_and_resumes_exactly(
+    local_ray, tiny, tmp_path
+):
+    """A 3-step run on Ray (2 rollout workers), stopped after step 2 and resumed from its
+    checkpoint by a new trainer: every step's metrics, before and after the resume, are
+    those of the same run in process."""
+    rows = _trainer(tiny, tmp_path / "a", "pipeline.checkpoint_every=1").run()
+    over = ("rollout.backend=ray", "ray.workers=2", "pipeline.checkpoint_every=1")
+    t = _trainer(tiny, tmp_path / "b", *over)
 
     def stop_after_two(m):
         if m["step"] == 2:
@@ -147,12 +139,13 @@ def test_checkpoint_resume_on_ray(local_ray, tiny, tmp_path):
             t.run(on_step=stop_after_two)
     finally:
         t.close()
-    resumed = _trainer(tiny, tmp_path / "b", "rollout.backend=ray", "pipeline.checkpoint_every=1")
+    resumed = _trainer(tiny, tmp_path / "b", *over)
     try:
         resumed.run(resume=True)
     finally:
         resumed.close()
     lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [r["step"] for r in rows]
     for a, b in zip([json.loads(x) for x in lines], rows, strict=True):
         _same(a, b)
 

@@ -1,5 +1,6 @@
 """The RL loop: loss functions against hand-computed values, gradient isolation between
-policy and draft, online draft learning, versioned sync, exact resume, config errors."""
+policy and draft, online draft learning, versioned sync, config errors. (Exact resume of
+a single-process run: tests/test_hostile_run.py.)"""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def _trainer(tiny_setup, tmp_path, *overrides, log=None):
 
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])
 def test_policy_and_draft_gradients_are_isolated(tiny_setup, tmp_path, kind):
-    t = _trainer(tiny_setup, tmp_path, f"draft.kind={kind}")
+    t = _trainer(tiny_setup, tmp_path, f"rollout.drafter={kind}")
     learner = t.host.learner
     policy, draft = learner.policy, learner.draft
     assert draft.kind == kind
@@ -120,40 +121,18 @@ def test_sync_refuses_a_mismatched_draft(tiny_setup, tmp_path):
 
 def test_online_draft_improves_acceptance(tiny_setup, tmp_path):
     """A random draft on the tiny policy, trained online only, accepts more over steps
-    (speculation off in generation so the measurement does not feed back)."""
-    t = _trainer(tiny_setup, tmp_path, "pipeline.steps=12", "draft.lr=3e-3", "data.val_size=0")
+    (the learner's expected acceptance on each batch; speculation off in generation, so
+    the rollouts it is measured on do not depend on the draft being trained)."""
+    t = _trainer(
+        tiny_setup,
+        tmp_path,
+        "pipeline.steps=12",
+        "draft.lr=3e-3",
+        "data.val_size=0",
+        "rollout.speculative=false",
+    )
     accepts = [t.run_step()["draft_accept"][0] for _ in range(12)]
     assert sum(accepts[-3:]) / 3 > sum(accepts[:3]) / 3 + 0.05, accepts
-
-
-def _comparable(m: dict) -> dict:
-    timing = ("time", "step_s", "gen_tok_s", "gen_busy_s", "exposed_gen_s")
-    # when the agreement checks of recompute_logprobs=auto ran (a resumed process checks
-    # on its first step) changes what was measured, never what was trained
-    checks = ("logprob_check", "logprob_mismatch_mean", "logprob_mismatch_max", "mismatch_kl")
-    return {k: v for k, v in m.items() if k not in timing + checks}
-
-
-def test_interrupted_and_resumed_run_repeats_the_uninterrupted_one(tiny_setup, tmp_path):
-    from specroll.model import load_model
-    from specroll.model.hub import resolve
-
-    full = _trainer(tiny_setup, tmp_path / "a").run()
-    fresh = (load_model(resolve("tiny")), tiny_setup[1])
-    t = _trainer(fresh, tmp_path / "b")
-
-    def stop_after_two(m):
-        if m["step"] == 2:
-            t.request_stop()  # what Ctrl-C does
-
-    with pytest.raises(KeyboardInterrupt):
-        t.run(on_step=stop_after_two)
-    resumed = _trainer((load_model(resolve("tiny")), tiny_setup[1]), tmp_path / "b")
-    resumed.run(resume=True)
-    lines = (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
-    assert [_comparable(json.loads(x)) for x in lines] == [_comparable(m) for m in full]
-    assert (tmp_path / "b" / "run" / "draft" / "config.json").is_file()
-    assert (tmp_path / "b" / "run" / "policy" / "tokenizer.json").is_file()
 
 
 def test_config_errors_name_the_key(tmp_path):
@@ -184,8 +163,8 @@ def test_config_errors_name_the_key(tmp_path):
         ]
     }
     assert list(placed.values()) == ["local", "ray", "local", "ray"]
-    with pytest.raises(ValueError, match=r"draft.kind must be one of \('eagle3', 'mtp'\)"):
-        build_config("tiny", ["draft.kind=medusa"])
+    with pytest.raises(ValueError, match=r"rollout.drafter must be one of .*eagle3.*mtp"):
+        build_config("tiny", ["rollout.drafter=medusa"])
 
 
 def test_dapo_style_file_task(tmp_path):
@@ -222,16 +201,18 @@ def test_bad_task_files_fail_before_any_model_is_loaded(tmp_path, capsys):
 
     f = tmp_path / "t.jsonl"
     f.write_text(json.dumps({"prompt": "1+1?"}) + "\n")
-    assert main(["train", "--preset", "tiny", "--set", f"data.task={f}"]) == 2
+    assert main(["train", "--preset", "tiny", "--set", f"data.train={f}"]) == 2
     assert "without an answer" in _err(capsys)
     f.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": \n')
-    assert main(["train", "--preset", "tiny", "--set", f"data.task={f}"]) == 2
+    assert main(["train", "--preset", "tiny", "--set", f"data.train={f}"]) == 2
     assert "t.jsonl:2: not valid JSON" in _err(capsys)
-    assert main(["train", "--preset", "tiny", "--set", "data.task=/no/such.jsonl"]) == 2
+    assert main(["train", "--preset", "tiny", "--set", "data.train=/no/such.jsonl"]) == 2
     assert "existing file" in _err(capsys)
 
 
-@pytest.mark.parametrize("overrides", [(), ("loss.kl_coef=0.05", "loss.token_level=false")])
+@pytest.mark.parametrize(
+    "overrides", [(), ("loss.kl_coef=0.05", "loss.aggregation=seq_mean_token_mean")]
+)
 def test_a_learner_step_emits_no_warnings(tiny_setup, tmp_path, overrides):
     """Statistics are read from detached tensors: no 'requires_grad ... to a scalar'."""
     import warnings
@@ -243,7 +224,9 @@ def test_a_learner_step_emits_no_warnings(tiny_setup, tmp_path, overrides):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         stats = t.host.learner.train(batch, old, ref_logp=old + 0.01)
-    assert stats["policy_loss"] == stats["policy_loss"] and stats["grad_norm"] > 0
+    # the figures of this update: pi / pi_old = e^0.05 at every token, a real gradient
+    assert stats["ratio_mean"] == pytest.approx(math.exp(0.05), rel=1e-4)
+    assert stats["grad_norm"] > 0
     if overrides:
         assert stats["kl"] > 0
 

@@ -73,9 +73,14 @@ def test_resume_is_checked_before_any_work(home, tmp_path, capsys):
     assert train_tiny(run, "--steps", "2") == 0
     assert train_tiny(run, "--resume", "--steps", "3", "--set", "loss.clip_high=0.5") == 2
     assert "loss.clip_high=0.28" in err_text(capsys)
-    # a longer run continues from the finished one's last checkpoint
+    # a longer run continues from the finished one's last checkpoint, and exports the
+    # policy (with its tokenizer) and the draft again
+    shutil.rmtree(run / "policy")
+    shutil.rmtree(run / "draft")
     assert train_tiny(run, "--resume", "--steps", "3") == 0
     assert _steps(run) == [0, 1, 2, 3]
+    assert (run / "policy" / "tokenizer.json").is_file()
+    assert (run / "draft" / "config.json").is_file()
 
 
 def test_zero_steps_is_not_ignored(home, tmp_path, capsys):

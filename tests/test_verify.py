@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
 
 import specroll.spec.verify as V
 from specroll.spec import rng
 from specroll.spec.sampling import RowSampling, probs_from_logits, sample_from_probs
-from tests.conftest import gof_pvalue
 
 SETTINGS = [  # (temperature, top_k, top_p)
     (0.7, 0, 1.0),
@@ -59,66 +61,159 @@ def test_analytic_check_catches_broken_residuals(monkeypatch):
     assert 0.5 * (V.output_distribution(topk_p, raw_q) - pt.double()).abs().sum() > 0.01
 
 
-def _run_verify(n, kmax, t, k, p, seed, draft_probs_mode="sampled", vocab=8):
-    """n rows with mixed draft lengths against a position-dependent toy target."""
+ENUM_CASES = [  # (vocabulary, drafts kmax, temperature, top_k, top_p)
+    (3, 1, 1.0, 0, 1.0),
+    (4, 2, 0.7, 0, 1.0),
+    (5, 2, 1.3, 2, 1.0),
+    (5, 2, 1.0, 0, 0.8),
+    (4, 2, 0.7, 3, 0.9),
+]
+MARGIN = 1e-5
+"""Relative margin of the acceptance uniforms around each threshold min(1, p/q): wider
+than the fp32 rounding of the verifier's own p (~1e-7), so its decision is the branch's."""
+
+
+def _breakpoints(*dists: torch.Tensor) -> torch.Tensor:
+    """Sorted CDF breakpoints of every distribution in `dists` (0 and 1 included): on
+    each interval between two of them, inverting the CDF of any of them gives one token."""
+    cuts = [torch.tensor([0.0, 1.0], dtype=torch.float64)]
+    for d in dists:
+        c = d.double().cumsum(-1)
+        cuts.append(c / c[-1])
+    return torch.cat(cuts).clamp(0, 1).unique()
+
+
+def _chain_law(nv, K, t, k, p, seed, mode, monkeypatch=None):
+    """Exact laws of K + 1 tokens from one `verify` call, per (draft length, drafts).
+
+    The target: random logits for every prefix of up to K tokens (so p_j depends on the
+    drafts before j, as a real model's does). Rows of k = 0..K drafts sit side by side
+    in one batch. For each row the law is integrated exactly over its uniforms: every
+    draft sequence x (weighted by q(x) for sampled drafts), every acceptance outcome
+    (accept the first a drafts, reject the next: probability prod min(1, p/q) times
+    1 - min(1, p/q), taken with u_accept just inside that branch), and every interval
+    between the CDF breakpoints of the distributions the row could draw its last token
+    from (p_j and the residual at each j: the interval's length is its probability, its
+    midpoint the u_sample). The verifier decides the branch and draws the token; the
+    tokens it emits are continued by plain decoding up to K + 1 tokens.
+
+    Returns (reference [nv] * (K + 1) float64, {(k, x): law}) where x = () for sampled drafts
+    (the law summed over them) and each draft tuple for one-hot or argmax drafts.
+    """
     g = torch.Generator().manual_seed(seed)
-    target = torch.randn(kmax + 1, vocab, generator=g) * 1.5  # p_i independent of history
-    draft = target[:kmax] + torch.randn(kmax, vocab, generator=g)
-    rows = RowSampling.full(n, t, k, p)
-    logits = target.expand(n, -1, -1)
-    q = probs_from_logits(draft.expand(n, -1, -1), rows)  # [n, kmax, V]
-    seeds = torch.arange(n) + seed * 1_000_003
-    counters = torch.arange(kmax).expand(n, -1)
-    u_draft = rng.uniforms(seeds, counters, rng.DRAFT)
-    if draft_probs_mode == "argmax":
-        tokens = q.argmax(-1)
-    else:
-        tokens = torch.stack([sample_from_probs(q[:, i], u_draft[:, i]) for i in range(kmax)], 1)
-    num_draft = torch.arange(n) % (kmax + 1)  # k = 0..kmax mixed in one batch
-    qarg = {"sampled": q, "onehot": None, "argmax": q}[draft_probs_mode]
+    tables = [torch.randn(nv**j, nv, generator=g) * 1.5 for j in range(K + 1)]  # logits
+    # float64 laws summing to 1: the verifier holds them rounded to fp32, which moves its
+    # thresholds and CDF breakpoints by ~1e-7, well inside MARGIN and every interval
+    P = [probs_from_logits(L, RowSampling.full(len(L), t, k, p)).double() for L in tables]
+    P = [x / x.sum(-1, keepdim=True) for x in P]
+    Q = []  # the draft's q_j(. | x_<j): random, each row with a zero entry
+    for j in range(K):
+        q = torch.rand(nv**j, nv, generator=g, dtype=torch.float64) ** 2
+        q[torch.arange(nv**j), torch.randint(0, nv, (nv**j,), generator=g)] = 0.0
+        Q.append(q / q.sum(-1, keepdim=True))
+    ref = torch.ones([nv] * 0, dtype=torch.float64)
+    for j in range(K + 1):
+        ref = ref.unsqueeze(-1) * P[j].view(*([nv] * j), nv)
+
+    def pre(x):  # row index of the prefix x in the tables of its length
+        return sum(v * nv ** (len(x) - 1 - i) for i, v in enumerate(x))
+
+    rows = []  # (key, weight, drafts, n_draft, u_accept, u_sample)
+    for n in range(K + 1):
+        for x in itertools.product(range(nv), repeat=n):
+            if mode == "sampled":
+                key, w_x = (n, ()), math.prod(Q[j][pre(x[:j]), x[j]].item() for j in range(n))
+            else:
+                key, w_x = (n, x), 1.0
+            if mode == "argmax":
+                w_x = float(all(x[j] == Q[j][pre(x[:j])].argmax() for j in range(n)))
+            if w_x == 0:
+                continue
+            p_at = [P[j][pre(x[:j])] for j in range(n + 1)]
+            q_at = [
+                Q[j][pre(x[:j])] if mode != "onehot" else torch.eye(nv, dtype=torch.float64)[x[j]]
+                for j in range(n)
+            ]
+            residuals = [V.residual_distribution(a, b) for a, b in zip(p_at[:n], q_at, strict=True)]
+            grid = _breakpoints(*p_at, *residuals)
+            # min(1, p/q) (0 where q = 0), computed here, not by the verifier's function
+            ratio = [
+                min(1.0, p_at[j][x[j]].item() / q_at[j][x[j]].item()) if q_at[j][x[j]] > 0 else 0.0
+                for j in range(n)
+            ]
+            for a in range(n + 1):  # drafts accepted
+                w = w_x * math.prod(ratio[:a]) * (1.0 - ratio[a] if a < n else 1.0)
+                if w == 0:
+                    continue
+                u_acc = [r * (1 - MARGIN) for r in ratio[:a]]
+                if a < n:
+                    u_acc.append(min(ratio[a] * (1 + MARGIN), 1 - 2**-53))
+                u_acc += [0.5] * (K - len(u_acc))
+                for lo, hi in zip(grid[:-1].tolist(), grid[1:].tolist(), strict=True):
+                    rows.append(
+                        (key, w * (hi - lo), list(x) + [0] * (K - n), n, u_acc, (lo + hi) / 2)
+                    )
+    R = len(rows)
+    drafts = torch.tensor([r[2] for r in rows]).view(R, K)
+    logits = torch.stack(
+        [torch.stack([tables[j][pre(r[2][:j])] for j in range(K + 1)]) for r in rows]
+    )
+    probs = None
+    if mode != "onehot":
+        probs = torch.stack(
+            [torch.stack([Q[j][pre(r[2][:j])] for j in range(K)]) for r in rows]
+        ).float()
     out = V.verify(
         logits,
-        tokens,
-        num_draft,
-        qarg,
-        rows,
-        rng.uniforms(seeds, counters, rng.ACCEPT),
-        rng.uniforms(seeds, torch.arange(kmax + 1).expand(n, -1)),
+        drafts,
+        torch.tensor([r[3] for r in rows]),
+        probs,
+        RowSampling.full(R, t, k, p),
+        torch.tensor([r[4] for r in rows], dtype=torch.float64).view(R, K),
+        torch.tensor([r[5] for r in rows], dtype=torch.float64).unsqueeze(1).expand(R, K + 1),
     )
-    p_pos = probs_from_logits(target.unsqueeze(0), rows[:1])[0]  # [kmax+1, V]
-    return out, p_pos
+    laws: dict = {}
+    for r, toks, m in zip(rows, out.tokens.tolist(), out.num_emitted.tolist(), strict=True):
+        e = tuple(toks[:m])
+        law = laws.setdefault(r[0], torch.zeros([nv] * (K + 1), dtype=torch.float64))
+        before = ref[e].sum() if m <= K else ref[e]
+        assert before > 0, f"emitted {e}, a sequence of probability zero"
+        law[e] += r[1] * ref[e] / before  # continued by plain decoding
+    return ref, laws
 
 
-def _position_pvalues(out, p_pos):
-    pvals = []
-    for i in range(p_pos.shape[0]):
-        reached = out.num_emitted > i
-        if reached.sum() < 1000:
-            continue
-        counts = torch.bincount(out.tokens[reached, i], minlength=p_pos.shape[1]).float()
-        pvals.append(gof_pvalue(counts, p_pos[i]))
-    return pvals
-
-
-@pytest.mark.parametrize("t,k,p", SETTINGS)
+@pytest.mark.parametrize("nv,K,t,k,p", ENUM_CASES)
 @pytest.mark.parametrize("mode", ["sampled", "onehot"])
-def test_monte_carlo_emitted_tokens_follow_the_target(t, k, p, mode):
-    """120k rows; every position's emitted tokens pass a chi-square test at 1e-4."""
-    out, p_pos = _run_verify(120_000, 3, t, k, p, seed=int(t * 10) + k, draft_probs_mode=mode)
-    pvals = _position_pvalues(out, p_pos)
-    assert len(pvals) >= 3 and min(pvals) > 1e-4, pvals
+def test_chain_verification_emits_exactly_the_target_law(nv, K, t, k, p, mode):
+    """Exact, no sampling: for every draft length 0..K (side by side in one batch) and,
+    for one-hot drafts, every proposed sequence, the law of K + 1 tokens (the row's
+    emitted tokens continued by plain decoding) is the target's to 1e-12 in float64.
+    By induction over iterations, every sequence the verifier emits is a draw from p."""
+    ref, laws = _chain_law(nv, K, t, k, p, seed=nv * 10 + K, mode=mode)
+    assert len(laws) == (K + 1 if mode == "sampled" else sum(nv**n for n in range(K + 1)))
+    for key, law in laws.items():
+        assert (law - ref).abs().max() < 1e-12, (key, (law - ref).abs().max().item())
 
 
-def test_monte_carlo_catches_argmax_drafts_scored_with_softmax_q():
-    """The transformers#32867 bug: drafting by argmax but verifying against softmax q."""
-    out, p_pos = _run_verify(120_000, 3, 1.0, 0, 1.0, seed=5, draft_probs_mode="argmax")
-    assert min(_position_pvalues(out, p_pos)) < 1e-6
+def test_the_exact_law_catches_broken_verifiers_and_drafts(monkeypatch):
+    """The same enumeration departs from the target by > 1e-3 when the recovered token is
+    drawn from p instead of the residual, when acceptance ignores q (u < p rather than
+    u < p/q), or when drafts are the argmax of the q handed to the verifier
+    (transformers#32867): a pass means something."""
+    case = (4, 2, 1.0, 0, 1.0)
 
+    def worst(mode="sampled"):
+        ref, laws = _chain_law(*case, seed=3, mode=mode)
+        return max((law / law.sum() - ref).abs().max().item() for law in laws.values())
 
-def test_monte_carlo_catches_residual_from_p(monkeypatch):
-    monkeypatch.setattr(V, "residual_distribution", lambda p, q: p)
-    out, p_pos = _run_verify(120_000, 3, 1.0, 0, 1.0, seed=6)
-    assert min(_position_pvalues(out, p_pos)) < 1e-6
+    assert worst() < 1e-12
+    assert worst("argmax") > 1e-3
+    good_residual, good_ratio = V.residual_distribution, V.acceptance_ratio
+    monkeypatch.setattr(V, "residual_distribution", lambda p_, q_: p_)
+    assert worst() > 1e-3
+    monkeypatch.setattr(V, "residual_distribution", good_residual)
+    monkeypatch.setattr(V, "acceptance_ratio", lambda px, qx: good_ratio(px, torch.ones_like(qx)))
+    assert worst() > 1e-3
 
 
 def test_hand_made_cases_greedy_and_edges():
