@@ -9,7 +9,7 @@ step's token-rate ratio moves by 10 % with the samples alone. This loads a check
 a run (its policy, online draft and history store) and, in each round, generates the
 requests of one step — round r those of step `--step` + r, so that rounds differ in
 prompts and seeds — plainly and with each drafter, the order reversed every other round;
-each drafter drafts from the store as the checkpoint left it (`LocalRollout.shadowing`).
+each drafter drafts from the store as the checkpoint left it (`LocalRollout.alternative`).
 A first round (step `--step` - 1) warms up — adaptive sizes start from their prior, as a
 drafter's first step in a run does — and is not counted. Per drafter: its token rate over
 all counted rounds against plain decoding's (tokens over seconds, summed), the median and
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("run", type=Path, help="a run directory (config.json, checkpoints/)")
     ap.add_argument("--checkpoint", type=Path, help="default: the run's latest")
     ap.add_argument("--step", type=int, help="first round's step (default: the checkpoint's)")
-    ap.add_argument("--drafters", default="draft,history,history+draft")
+    ap.add_argument("--drafters", default="eagle3,history,history+eagle3")
     ap.add_argument("--repeats", type=int, default=5, help="counted rounds (after a warm-up)")
     args = ap.parse_args()
     ckpt = args.checkpoint or checkpoint.latest(args.run / "checkpoints")
@@ -77,19 +77,21 @@ def main() -> None:
     trainer.restore(checkpoint.load(ckpt))
     step = trainer.step if args.step is None else args.step
     ro = trainer.rollout
-    before = ro.history_state()
+    before = ro.drafter_snapshot()
     own = cfg.rollout.drafter
     for name in names:
         if name != own:
-            ro.alternative(name)  # built (and profiled) outside the timing
+            with ro.alternative(name, None):  # built (and profiled) outside the timing
+                pass
 
     def generate(name: str, reqs: list) -> tuple[float, list, object]:
-        with ro.shadowing(name, before):
+        if name == "plain":
             t0 = time.perf_counter()
-            if name in ("plain", own):
-                res = ro.generate(reqs, plain=name == "plain")
-            else:
-                res = ro.generate_with(name, reqs)
+            res = ro.generate_plain(reqs)
+            return time.perf_counter() - t0, res, res.stats
+        with ro.alternative(name, before) as alt:
+            t0 = time.perf_counter()
+            res = ro.generate(reqs) if name == own else alt(reqs)
             return time.perf_counter() - t0, res, res.stats
 
     order = ["plain", *names]

@@ -17,9 +17,11 @@ from collections import Counter
 import torch
 
 from specroll.drafters.draft_model import DraftModelDrafter
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
-from specroll.drafters.mtp import MTPConfig, MTPDraft, MTPDrafter
+from specroll.drafters.eagle3 import Eagle3Drafter
+from specroll.drafters.mtp import MTPDrafter
 from specroll.drafters.ngram import NgramDrafter
+from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafting.mtp import MTPConfig, MTPDraft
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams

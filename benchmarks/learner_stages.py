@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from specroll.cli.common import load_policy
-from specroll.drafters.ttt import loss_mask
+from specroll.drafting.ttt import loss_mask
 from specroll.model.ops import attention, fold_mask
 from specroll.rl.algo.batch import Batch
 from specroll.rl.algo.logprobs import head_logprobs, sequence_logprobs

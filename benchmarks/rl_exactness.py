@@ -106,7 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--drafter", default="draft", help="rollout.drafter of the speculative arm")
+    ap.add_argument("--drafter", default="eagle3", help="rollout.drafter of the speculative arm")
     ap.add_argument("--pool", type=int, default=0, help="data.pool (0: fresh prompts each step)")
     args = ap.parse_args()
     try:  # a bad --drafter / --pool: one line now, not a traceback after the first run

@@ -96,7 +96,8 @@ def main() -> None:
     if cfg_path.is_file():
         run_cfg = json.loads(cfg_path.read_text())
         own = run_cfg.get("rollout", {}).get("drafter", own)
-        kind = run_cfg.get("draft", {}).get("kind", kind)
+        # runs before rollout.drafter named the network kept it in draft.kind
+        kind = run_cfg.get("draft", {}).get("kind") or own.removeprefix("history+")
     skip = {int(x) for x in args.skip_steps.split(",") if x}
     data = series([m for m in lines if m.get("step") not in skip], own)
     steps = sorted({s for d in data.values() for s in d})

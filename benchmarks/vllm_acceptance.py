@@ -14,7 +14,7 @@ import argparse
 import json
 
 from specroll.cli.common import load_policy
-from specroll.drafters.build import build_drafter
+from specroll.drafting import registry
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.engine.prompts import BUILTIN_PROMPTS
@@ -43,7 +43,7 @@ def main() -> None:
     params = lambda i: SamplingParams(1.0, max_new_tokens=128, stop_token_ids=(), seed=i)  # noqa: E731
     prompts = [BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)] for i in range(args.batch)]
     reqs = [Request(tok.encode_prompt(t), params(i)) for i, t in enumerate(prompts)]
-    drafter = build_drafter(f"eagle3:{args.draft}", policy)
+    drafter = registry.build(f"eagle3:{args.draft}", policy)
     eng = Engine(policy, EngineConfig(max_batch=args.batch), drafter, FixedDepth(K, max_batch=64))
     eng.generate(reqs)
     out = {"specroll": summary(eng.stats)}

@@ -12,8 +12,8 @@ import statistics
 import pytest
 import torch
 
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head
-from specroll.drafters.eagle3_io import save_eagle3
+from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafting.eagle3_io import save_eagle3
 from specroll.model import ModelConfig, Transformer
 from specroll.model.weights import save_model
 from specroll.rl.rollout.bench import bench_backends, bench_requests

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specroll.cli import main
-from specroll.drafters.build import build_drafter
+from specroll.drafting import registry
 from tests.conftest import fails_clearly
 
 
@@ -21,9 +21,9 @@ def test_unknown_model_is_a_clear_error(capsys, tmp_path):
 
 def test_unknown_drafter_lists_the_kinds(tiny_model):
     with pytest.raises(ValueError, match="ngram"):
-        build_drafter("medusa", tiny_model)
+        registry.build("medusa", tiny_model)
     with pytest.raises(ValueError, match="eagle3:PATH"):
-        build_drafter("eagle3", tiny_model)  # a path is required
+        registry.build("eagle3", tiny_model)  # a path is required
 
 
 def test_draft_commands_check_inputs_first(capsys, tmp_path):
@@ -74,7 +74,7 @@ def test_bad_prompt_records_in_train_and_generate(capsys, tmp_path, tiny_home, r
     f = tmp_path / "tasks.jsonl"
     f.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n" + json.dumps(record) + "\n")
     fails_clearly(capsys, ["generate", "--model", "tiny", "--prompts", str(f)], "tasks.jsonl:2")
-    argv = ["train", "--preset", "tiny", "--set", f"data.task={f}", "--out", str(tmp_path)]
+    argv = ["train", "--preset", "tiny", "--set", f"data.train={f}", "--out", str(tmp_path)]
     fails_clearly(capsys, argv, "tasks.jsonl:2", needle)
 
 

@@ -112,8 +112,8 @@ def test_a_hub_name_is_told_there_is_no_hub_access():
 
 def test_train_val_and_task_settings(tmp_path):
     f = _jsonl(tmp_path / "d.jsonl", RECORDS)
-    with pytest.raises(ValueError, match="both name training data: give it as data.train"):
-        build_config("tiny", [f"data.task={f}", f"data.train={f}"])
+    with pytest.raises(ValueError, match=r"data.task is retired: set data.train"):
+        build_config("tiny", [f"data.task={f}"])
     for bad, needle in [
         ("data.chat_template_kwargs={add_generation_prompt: false}", "may not set"),
         ("data.chat_template_kwargs=[1]", "must be a mapping"),
@@ -173,7 +173,7 @@ def test_chat_prompts_are_kept_whole_with_the_system_prompt_and_template_kwargs(
 
 
 def test_the_budget_counts_the_system_prompt_and_every_turn(tmp_path):
-    from specroll.rl import budget
+    from specroll.rl import limits
     from specroll.rl.run.task import task_items
 
     recs = [
@@ -188,8 +188,8 @@ def test_the_budget_counts_the_system_prompt_and_every_turn(tmp_path):
     ] * 10
     f = _jsonl(tmp_path / "c.jsonl", recs)
     cfg = build_config("tiny", [f"data.train={f}", "data.system_prompt=" + "s" * 50])
-    expected = 201 + 50 + 3 * budget.MESSAGE_OVERHEAD_TOKENS + budget.PROMPT_OVERHEAD_TOKENS
-    assert budget.prompt_tokens(cfg, task_items(cfg)) == expected
+    expected = 201 + 50 + 3 * limits.MESSAGE_OVERHEAD_TOKENS + limits.PROMPT_OVERHEAD_TOKENS
+    assert limits.prompt_tokens(cfg, task_items(cfg)) == expected
 
 
 def test_a_response_prefix_starts_every_reply_and_the_reward_reads_it(tmp_path, tiny_setup):

@@ -66,7 +66,7 @@ def _hf_logits(path) -> torch.Tensor:
 def test_export_loads_in_transformers_with_the_checkpoints_logits(run, home_of, tmp_path):
     from transformers import AutoTokenizer, GenerationConfig
 
-    from specroll.drafters.trainable import load_draft
+    from specroll.drafting.trainable import load_draft
 
     out = tmp_path / "hf"
     assert _export(run, "--out", out, "--max-shard-size", "40KB") == 0
@@ -184,13 +184,13 @@ def test_a_drafts_architecture_rebuilds_from_what_a_checkpoint_keeps(tiny_setup,
     """`draft_config` survives a weights-only checkpoint load, and `new_draft` builds from
     it a network whose tensors have the draft's names and shapes (what `specroll export`
     fills from a checkpoint)."""
-    from specroll.drafters.trainable import draft_config, new_draft, save_draft
+    from specroll.drafting.trainable import draft_config, new_draft, save_draft
     from specroll.model.weights import load_state
     from specroll.rl.config import build_config
     from specroll.rl.run.draft import build_draft
 
     policy, tok = tiny_setup
-    draft = build_draft(build_config("tiny", [f"draft.kind={kind}"]), policy, tok, tmp_path)
+    draft = build_draft(build_config("tiny", [f"rollout.drafter={kind}"]), policy, tok, tmp_path)
     torch.save({"draft_config": {"kind": kind, "config": draft_config(draft)}}, tmp_path / "s")
     spec = torch.load(tmp_path / "s", weights_only=True)["draft_config"]
     twin = new_draft(spec["kind"], spec["config"], policy)
@@ -205,7 +205,7 @@ def test_a_drafts_architecture_rebuilds_from_what_a_checkpoint_keeps(tiny_setup,
 def test_a_sharded_learners_checkpoint_exports_from_its_dcp_state(run, home_of, tmp_path):
     """A checkpoint whose weights are in `learner/` (DCP, as `learner.strategy: fsdp`
     writes it) exports the same weights as the state.pt it was made from."""
-    from specroll.drafters.trainable import load_draft, new_draft
+    from specroll.drafting.trainable import load_draft, new_draft
     from specroll.model import load_model
     from specroll.model.weights import load_state
     from specroll.rl.learner.fsdp import dcp

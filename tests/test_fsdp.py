@@ -51,8 +51,8 @@ def _max_diff(a: dict, b: dict) -> float:
 @pytest.mark.parametrize(
     "overrides",
     [
-        ("draft.kind=eagle3", "loss.token_level=true"),
-        pytest.param(("draft.kind=mtp",), marks=pytest.mark.slow),
+        ("rollout.drafter=eagle3", "loss.aggregation=token_mean"),
+        pytest.param(("rollout.drafter=mtp",), marks=pytest.mark.slow),
     ],
 )
 def test_two_rank_updates_equal_the_single_process_ones(tiny_setup, tmp_path, overrides):
@@ -132,9 +132,9 @@ def _isolated(rank, batch: Batch, old: torch.Tensor) -> list[bool]:
 def test_gradient_isolation_under_fsdp(tiny_setup, tmp_path, kind):
     from specroll.rl.learner.fsdp.host import FSDPLearnerHost
 
-    t = _trainer(tiny_setup, tmp_path, f"draft.kind={kind}")
+    t = _trainer(tiny_setup, tmp_path, f"rollout.drafter={kind}")
     batch, old = _batch(t)
-    host = FSDPLearnerHost(build_config("tiny", [f"draft.kind={kind}", *FSDP]), *_modules(t))
+    host = FSDPLearnerHost(build_config("tiny", [f"rollout.drafter={kind}", *FSDP]), *_modules(t))
     try:
         assert host.call(_isolated, batch, old) == [False, True, True, False]
     finally:

@@ -119,9 +119,9 @@ def drafts(tmp_path, home) -> tuple[object, Path, Path]:
     """(tiny policy, an EAGLE-3 draft dir, an MTP draft dir), freshly saved."""
     import torch
 
-    from specroll.drafters.trainable import save_draft
     from specroll.drafting.data import default_aux_layers
     from specroll.drafting.train import new_eagle3, new_mtp
+    from specroll.drafting.trainable import save_draft
     from specroll.model import load_model
     from specroll.model.hub import resolve
 
@@ -135,7 +135,7 @@ def drafts(tmp_path, home) -> tuple[object, Path, Path]:
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])
 @pytest.mark.parametrize("damage", ["truncated", "list-config"])
 def test_damaged_draft_dirs_name_the_file(capsys, drafts, kind, damage):
-    from specroll.drafters.trainable import load_draft
+    from specroll.drafting.trainable import load_draft
 
     policy, e3, mtp = drafts
     d = e3 if kind == "eagle3" else mtp

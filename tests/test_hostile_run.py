@@ -366,16 +366,16 @@ def test_a_non_finite_update_stops_training_and_keeps_the_last_good_weights(
     """A NaN reaching the loss at step 2 (here through the advantages, as a reward of NaN
     would): the update is not applied, the step-1 weights are saved, nothing NaN is
     exported, and the command fails naming what went non-finite."""
-    from specroll.rl.algo import loss
+    from specroll.rl.algo import advantages
 
-    real, calls = loss.step_advantages, []
+    real, calls = advantages.step_advantages, []
 
     def nan_at_step_2(*args, **kwargs):
         adv, keep = real(*args, **kwargs)
         calls.append(1)
         return (adv * float("nan") if len(calls) == 2 else adv), keep
 
-    monkeypatch.setattr(loss, "step_advantages", nan_at_step_2)
+    monkeypatch.setattr(advantages, "step_advantages", nan_at_step_2)
     out = tmp_path / "run"
     assert train_tiny(out, "--steps", "4") == 1
     err = err_text(capsys)

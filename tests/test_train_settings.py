@@ -64,13 +64,15 @@ def test_refill_refuses_async_runs():
         )
 
 
-def test_token_level_is_an_alias_of_aggregation():
-    assert build_config("tiny", ["loss.token_level=false"]).loss.aggregation == (
-        "seq_mean_token_mean"
-    )
-    assert build_config("tiny", ["loss.token_level=true"]).loss.aggregation == "token_mean"
-    with pytest.raises(ValueError, match="set only loss.aggregation"):
-        build_config("tiny", ["loss.token_level=true", "loss.aggregation=seq_mean_token_sum_norm"])
+def test_retired_fields_name_their_replacement():
+    for old, new in [
+        ("loss.token_level=true", "loss.aggregation"),
+        ("data.task=math", "data.train"),
+        ("rollout.nodes=8", "rollout.k"),
+        ("draft.kind=mtp", "rollout.drafter"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{old.split('=')[0]} is retired: set {new}"):
+            build_config("tiny", [old])
 
 
 # ---------------------------------------------------------------- loss pieces
@@ -202,8 +204,10 @@ def test_top_k_top_p_rollouts_stay_in_the_nucleus_and_match_the_learner(tiny_set
 
 
 def _even_scores(self, problems, results, samples):
-    """`Task.score` with `_even_answers` (every reward of a step goes through it)."""
-    return StepRewards(_even_answers(self, problems, results, samples), {})
+    """`Task.score` with `_even_answers` (every reward of a step goes through it), reported
+    as one function's values."""
+    rewards = _even_answers(self, problems, results, samples)
+    return StepRewards(rewards, {"even": rewards.clone()})
 
 
 def _even_answers(self, problems, results, samples):
@@ -238,6 +242,9 @@ def test_refill_tops_up_informative_groups_from_fresh_prompts(tiny_setup, tmp_pa
     assert m["groups_kept"] == 4 and m["refill_rounds"] >= 1
     assert m["groups"] == 4 + m["refill_groups"] and m["refill_tokens"] > 0
     assert m["gen_tokens"] == sum(m["response_lengths"])  # the refill rounds included
+    # each function's metric covers every round, as the advantages and `reward` do
+    assert m["reward/even"] == m["reward"] and m["reward"] > 0
+    assert m["time"]["gen"] > 0 and m["time"]["reward"] >= 0
     drop = make_trainer(tiny_setup, tmp_path / "b", "loss.drop_uniform_groups=true", *SMALL)
     md = drop.run_step()
     assert md["groups"] == 4 and "refill_rounds" not in md

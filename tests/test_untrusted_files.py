@@ -79,7 +79,7 @@ def finished(tmp_path_factory) -> Path:
 
 def _shard(ck: Path) -> None:
     """Rewrite checkpoint `ck` in the sharded learner's form, with the same weights."""
-    from specroll.drafters.trainable import new_draft
+    from specroll.drafting.trainable import new_draft
     from specroll.model import Transformer
     from specroll.model.hub import resolve
     from specroll.model.weights import load_state, read_config

@@ -30,8 +30,8 @@ from tests.conftest import PROMPT, VOCAB, chi2_pvalue, exact_joint, learner, tv_
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 pytest.importorskip("vllm")
 
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head  # noqa: E402
-from specroll.drafters.eagle3_io import save_eagle3  # noqa: E402
+from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head  # noqa: E402
+from specroll.drafting.eagle3_io import save_eagle3  # noqa: E402
 from specroll.engine import Engine, Request, SamplingParams  # noqa: E402
 from specroll.model import ModelConfig, Transformer  # noqa: E402
 from specroll.model.weights import save_model  # noqa: E402
@@ -228,7 +228,7 @@ def test_refit_on_ray_workers_equals_fresh_workers(tmp_path):
     refit workers then generate what workers started on the new weights generate."""
     ray = pytest.importorskip("ray")
     from specroll.rl.config import RayConfig, TrainConfig
-    from specroll.rl.config_rollout import RolloutConfig
+    from specroll.rl.config.rollout import RolloutConfig
     from specroll.rl.rollout.ray import RayRollout
 
     old_t, new_t = _target(0), _target(1)

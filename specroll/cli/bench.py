@@ -14,7 +14,7 @@ from specroll.progress import status
 
 MAX_NODES = 256
 """Most draft tokens (chains) or nodes (trees) per row a --k or --q flag takes, as
-`rollout.nodes`."""
+`rollout.k` takes for a tree drafter."""
 MAX_CTX = 1 << 20
 """Longest context a profile measures (--ctx), beyond any supported model's window."""
 
@@ -100,6 +100,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
 
 
 def cmd_bench_spec(args: argparse.Namespace) -> None:
+    from specroll.drafting import registry
     from specroll.engine.bench import bench_spec
 
     check_counts(args)
@@ -113,6 +114,7 @@ def cmd_bench_spec(args: argparse.Namespace) -> None:
         drafters=args.drafters.split(","),
         batches=batches,
         ks=ks,
+        build=registry.build,
         new_tokens=args.new_tokens,
         repeats=args.repeats,
         temperature=args.temperature,
@@ -128,7 +130,7 @@ def cmd_bench_spec(args: argparse.Namespace) -> None:
 
 
 def cmd_bench_profile(args: argparse.Namespace) -> None:
-    from specroll.drafters.build import build_drafter
+    from specroll.drafting import registry
     from specroll.engine.profile import PROFILE_PROMPTS_SEED, profile
     from specroll.tasks.sets import encode, prompt_set
 
@@ -138,7 +140,7 @@ def cmd_bench_profile(args: argparse.Namespace) -> None:
     qs = int_list("--q", args.q, 1, MAX_NODES + 1)
     ctxs = int_list("--ctx", args.ctx, 1, MAX_CTX)
     model, tok = common.load_policy(args.model)
-    drafter = build_drafter(args.drafter, model) if args.drafter else None
+    drafter = registry.build(args.drafter, model) if args.drafter else None
     prompts = [encode(tok, p) for p in prompt_set("math", 8, seed=PROFILE_PROMPTS_SEED)]
     with status(common.console, "profiling (target forward grid, then engine runs)"):
         cm = profile(

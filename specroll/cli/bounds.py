@@ -37,8 +37,8 @@ def check_seed(flag: str, value: int, high: int = MAX_SEED) -> None:
 
 def check_temperature(flag: str, value: float, greedy: bool = True) -> None:
     """ValueError naming `flag` unless `value` is 0 (greedy, when `greedy`) or a finite
-    temperature >= MIN_TEMPERATURE (`rl.config_rollout`: why lower ones break)."""
-    from specroll.rl.config_rollout import MIN_TEMPERATURE  # (torch: not for simulate)
+    temperature >= MIN_TEMPERATURE (`rl.config.rollout`: why lower ones break)."""
+    from specroll.rl.config.rollout import MIN_TEMPERATURE  # (torch: not for simulate)
 
     if (greedy and value == 0) or (math.isfinite(value) and value >= MIN_TEMPERATURE):
         return

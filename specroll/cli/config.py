@@ -25,7 +25,7 @@ def _plain(value: Any) -> Any:
 def _inline(value: Any) -> str:
     """One line of YAML for a value (lists and mappings in flow style), quoted where the
     settings' reader would take it for another type."""
-    from specroll.rl.config_yaml import dump_inline
+    from specroll.rl.config.yaml_safe import dump_inline
 
     return dump_inline(_plain(value))
 
@@ -37,7 +37,7 @@ def _comment(text: str, indent: str) -> list[str]:
 def render(cfg, header: str = "") -> str:
     """The YAML text of a TrainConfig, documented field by field."""
     from specroll.rl.config import SECTIONS
-    from specroll.rl.config_io import field_docs
+    from specroll.rl.config.io import field_docs
 
     lines = _comment(header, "") + [""] if header else []
     for name, cls in SECTIONS.items():

@@ -126,14 +126,14 @@ def _drafter_spec(spec: str) -> str:
 
 
 def cmd_draft_eval(args: argparse.Namespace) -> None:
-    from specroll.drafters.build import build_drafter
+    from specroll.drafting import registry
     from specroll.drafting.evaluate import eval_draft
 
     ks = int_list("--k", args.k, 1, MAX_K)
     batches = int_list("--batches", args.batches, 1, MAX_BATCH)
     check_temperature("--temperature", args.temperature)
     model, tok = common.load_policy(args.policy)
-    drafters = {d: build_drafter(_drafter_spec(d), model) for d in args.draft.split(",")}
+    drafters = {d: registry.build(_drafter_spec(d), model) for d in args.draft.split(",")}
     report = eval_draft(
         model,
         tok,

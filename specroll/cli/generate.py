@@ -55,10 +55,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     ids = [tok.encode_prompt(t, chat=not args.raw) for t in unique]
     drafter = depth = None
     if args.drafter:
-        from specroll.drafters.build import build_drafter
+        from specroll.drafting import registry
         from specroll.engine.depth import FixedDepth
 
-        drafter = build_drafter(args.drafter, model)
+        drafter = registry.build(args.drafter, model)
         depth = FixedDepth(k=args.k, max_batch=args.spec_max_batch)
         if args.depth == "adaptive":
             from specroll.engine.depth import AdaptiveDepth
@@ -105,7 +105,7 @@ def check_generate_args(args: argparse.Namespace) -> None:
     """Refuse what would do no work or lose it, before the model loads: --samples and
     --max-new-tokens below 1, --k below 0, a seed or temperature torch cannot use, and an
     --out that cannot be written (checked now, not after every sample was generated)."""
-    from specroll.rl.config_rollout import MAX_TOP_K  # (torch: loaded by the command)
+    from specroll.rl.config.rollout import MAX_TOP_K  # (torch: loaded by the command)
 
     for flag, value, low in (
         ("--samples", args.samples, 1),

@@ -67,7 +67,7 @@ def _draft(cfg, policy, tok, path):
 
     with common.progress_bar() as bar:
         tasks: dict[str, int] = {}
-        name = {"eagle3": "EAGLE-3", "mtp": "MTP"}[cfg.draft.kind]
+        name = {"eagle3": "EAGLE-3", "mtp": "MTP"}.get(cfg.rollout.network, "the draft")
         # the unit in the label: the rate is rollouts/s or optimizer steps/s
         labels = {
             "data": "draft: sampling the policy (rollouts)",

@@ -1,7 +1,7 @@
 """Offline drafter training on policy samples: EAGLE-3 heads and MTP heads, with TTT.
 
 `train_draft` reads a `DraftData` directory, builds (or resumes) a draft, and trains it
-with the training-time-test unroll of `drafters.ttt`. The policy is only read: its
+with the training-time-test unroll of `drafting.ttt`. The policy is only read: its
 embedding (and, for MTP, LM head and final norm) are detached views, and its logits come
 from the stored `final` states. Everything random (initialisation, batch order) derives
 from `seed`, and the trainer state (optimizer, schedule, position in the epoch) is saved
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head
-from specroll.drafters.eagle3_io import load_eagle3
-from specroll.drafters.mtp import MTPConfig, MTPDraft
-from specroll.drafters.mtp_io import load_mtp, load_native_mtp
-from specroll.drafters.trainable import KINDS, TrainableDraft, save_draft
-from specroll.drafters.ttt import loss_mask, ttt_loss, ttt_unroll
 from specroll.drafting.data import DraftData, Sequence
+from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafting.eagle3_io import load_eagle3
+from specroll.drafting.mtp import MTPConfig, MTPDraft
+from specroll.drafting.mtp_io import load_mtp, load_native_mtp
+from specroll.drafting.trainable import NETWORKS, TrainableDraft, save_draft
+from specroll.drafting.ttt import draft_loss
 from specroll.model.transformer import Transformer
 from specroll.model.untrusted import UnreadableFile, load_tensors
 
@@ -72,8 +72,8 @@ class DraftTrainConfig:
     SpecForge or vLLM layout), specroll MTP heads, or a model with native MTP weights."""
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in NETWORKS:
+            raise ValueError(f"kind must be one of {NETWORKS}, got {self.kind!r}")
         for name in ("draft_vocab_size", "ttt_steps", "epochs", "batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -160,37 +160,6 @@ def _collate(seqs: list[Sequence]) -> dict[str, torch.Tensor]:
         b["final"][r, :m] = s.final.float()
         b["lse"][r, :m] = s.lse
     return b
-
-
-def draft_loss(
-    net: TrainableDraft,
-    tokens: torch.Tensor,
-    *,
-    aux: torch.Tensor,
-    final: torch.Tensor | None,
-    lengths: torch.Tensor,
-    prompt_lens: torch.Tensor,
-    target_logp: Callable[[torch.Tensor], torch.Tensor],
-    steps: int,
-    decay: float,
-):
-    """TTT loss and per-step metrics of a padded batch (shared by offline and online).
-
-    tokens: [B, T]; aux: [B, T, 3H] target features (detached); final: [B, T, H] the
-    target's normed last state (MTP input; unused by EAGLE-3); target_logp(mask [B, T])
-    returns the policy's log-probs [n, V'] at the n masked positions over the draft's
-    vocabulary (computed without gradient by the caller).
-    """
-    T = tokens.shape[1]
-    mask = loss_mask(lengths, prompt_lens, T)  # [B, T]
-    index = torch.full(mask.shape, -1, dtype=torch.long, device=tokens.device)
-    index[mask] = torch.arange(int(mask.sum()), device=tokens.device)
-    with torch.no_grad():
-        target = target_logp(mask)
-    feats = net.features(aux, final)
-    start = max(0, int(prompt_lens.min()) - 1 - steps)
-    states = ttt_unroll(net.step, feats, tokens, steps, net.kv_group, start)
-    return ttt_loss(states, net.readout, target, index, decay)
 
 
 def batch_loss(

@@ -13,11 +13,6 @@ PROBE_TIMEOUT_S = 5.0
 itself retries for half a minute, or for ever on some addresses, then tracebacks)."""
 
 
-def uses_ray(cfg: TrainConfig) -> bool:
-    """Whether the run places anything on Ray (rollout workers or the learner)."""
-    return cfg.rollout.backend == "ray" or cfg.learner.placement == "ray"
-
-
 def require_ray(setting: str) -> None:
     """ValueError naming `setting` unless Ray is installed."""
     try:

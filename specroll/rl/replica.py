@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from specroll.drafters.trainable import TrainableDraft
+from specroll.drafting.trainable import TrainableDraft
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 

@@ -80,7 +80,7 @@ def predicting_positions(
     """(rows, cols) [n] of the positions whose next token is a response token, row-major.
 
     Position i predicts token i + 1, so row r contributes prompt_len - 1 .. length - 2:
-    the positions `drafters.ttt.loss_mask` marks, in the order `tensor[mask]` reads them
+    the positions `drafting.ttt.loss_mask` marks, in the order `tensor[mask]` reads them
     (the online draft's target rows). Built on the host from the lengths (pass them when
     they are known there) and copied over: indexing with them needs no device sync."""
     prompt_lens = b.prompt_lens.tolist() if prompt_lens is None else prompt_lens

@@ -5,7 +5,7 @@ of its FLOPs), and materialising [N, T, V] fp32 logits, their log-softmax and th
 gradients of both made the head and its element-wise passes ~40% of a CPU train step.
 Neither objective of the learner needs the head outside the response: the loss reads
 log-probs of response tokens, the draft loss the distributions at the positions that
-predict them (the same positions: `drafters.ttt.loss_mask`). So the learner runs the
+predict them (the same positions: `drafting.ttt.loss_mask`). So the learner runs the
 decoder without its head and computes head + log-softmax + gather at those positions
 only, the log-softmax in cache-sized chunks of rows (`head_logprobs`); the backward is
 written out (`_HeadLogProbs`) so that the probabilities are its only saved state and

@@ -1,16 +1,13 @@
 """GRPO / DAPO objective as pure tensor functions, one per concern.
 
-GRPO (DeepSeekMath, arXiv 2402.03300): G samples per prompt, advantage = reward minus the
-group mean, divided by the group std. DAPO (arXiv 2503.14476) adds four options, each
-its own function here: asymmetric clipping ("clip-higher", eps_low < eps_high keeps
-low-probability tokens able to grow), token-level aggregation (every token of the batch
-weighs the same, so long answers are not down-weighted), dropping groups whose rewards
-are all equal (zero advantage, pure noise in the batch), and a soft penalty on responses
-that run into the length limit. Dr. GRPO (arXiv 2503.20783) removes two length and
-difficulty biases: the std scaling of the advantage and the per-sequence mean (a
-constant normaliser instead). A KL penalty to a reference policy (k1, k2 or k3
-estimator, Schulman 2020) is optional. Shapes: rewards [P, G]; per-token tensors [N, T] with a
-response mask (True = a generated token).
+GRPO (DeepSeekMath, arXiv 2402.03300) on the advantages of `algo.advantages`. DAPO
+(arXiv 2503.14476) adds asymmetric clipping ("clip-higher", eps_low < eps_high keeps
+low-probability tokens able to grow) and token-level aggregation (every token of the batch
+weighs the same, so long answers are not down-weighted), each its own function here (its
+group filter and overlong penalty shape the advantages). Dr. GRPO (arXiv 2503.20783)
+removes the per-sequence mean (a constant normaliser instead). A KL penalty to a
+reference policy (k1, k2 or k3 estimator, Schulman 2020) is optional. Shapes: per-token
+tensors [N, T] with a response mask (True = a generated token).
 """
 
 from __future__ import annotations
@@ -21,29 +18,6 @@ import torch
 
 if TYPE_CHECKING:
     from specroll.rl.config import LossConfig
-
-
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = True) -> torch.Tensor:
-    """[P, G] rewards → [P, G] advantages: (r - mean_g) / (std_g + eps) (std unbiased=False);
-    scale=False keeps only the mean subtraction (Dr. GRPO)."""
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
-    if not scale:
-        return centred
-    return centred / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
-
-
-def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
-    """[P] True where a group's rewards are not all equal (DAPO dynamic sampling)."""
-    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
-
-
-def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int) -> torch.Tensor:
-    """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -1 at
-    max_len (lengths in tokens)."""
-    if buffer <= 0:
-        return torch.zeros_like(lengths, dtype=torch.float32)
-    over = (lengths.float() - (max_len - buffer)).clamp(min=0) / buffer
-    return -over.clamp(max=1.0)
 
 
 def clipped_objective(
@@ -232,20 +206,3 @@ def micro_share(
         "loss.aggregation must be one of ('token_mean', 'seq_mean_token_mean', "
         f"'seq_mean_token_sum_norm'), got {aggregation!r}"
     )
-
-
-def step_advantages(
-    rewards: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int, cfg: LossConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A step's advantages and the groups it trains on.
-
-    rewards: [P, G]; lengths: [P * G] response lengths (group-major). The rewards are
-    shaped by the overlong penalty, then normalised per group; with
-    `drop_uniform_groups`, groups whose shaped rewards are all equal are left out.
-    Returns (advantages [P, G], keep [P] bool)."""
-    penalty = overlong_penalty(lengths, max_new_tokens, cfg.overlong_buffer)
-    shaped = rewards + penalty.view_as(rewards)
-    adv = group_advantages(shaped, scale=cfg.scale_advantages)
-    if cfg.drop_uniform_groups:
-        return adv, informative_groups(shaped)
-    return adv, torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)

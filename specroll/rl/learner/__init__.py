@@ -4,7 +4,7 @@ FSDP2 ranks as local processes or Ray actors (`fsdp`)."""
 
 from __future__ import annotations
 
-from specroll.drafters.trainable import TrainableDraft
+from specroll.drafting.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
 from specroll.rl.errors import LearnerRankError

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from specroll.device import resolve_device, resolve_dtype
-from specroll.drafters.trainable import TrainableDraft
+from specroll.drafting.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import LearnerConfig, TrainConfig
 from specroll.rl.learner.learner import Learner

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.trainable import TrainableDraft
+from specroll.drafting.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.rl.algo.batch import Batch
 from specroll.rl.cluster import connect

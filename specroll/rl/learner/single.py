@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.trainable import TrainableDraft, save_draft
+from specroll.drafting.trainable import TrainableDraft, save_draft
 from specroll.model.transformer import Transformer
 from specroll.model.weights import save_model
 from specroll.rl.algo.batch import Batch

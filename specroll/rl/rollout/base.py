@@ -10,12 +10,19 @@
   object references) under `version`; `policy_version` / `draft_version` say what the
   backend now holds, and every result records the versions it was generated with.
 * `close()` releases engines and workers.
+
+Measurement is not part of it: a backend that can decode a step's requests again on the
+same weights without speculation also implements `PlainShadow`, and one that can draft
+them with other drafters made of its own drafter's parts `DrafterShadow`; the shadow
+probe (`rl.run.shadow`) asks for them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol, runtime_checkable
 
 from specroll.engine.request import Request, Results
 from specroll.rl.replica import Weights
@@ -59,13 +66,12 @@ class RolloutBackend(ABC):
         return self.policy_version if self.speculative else None
 
     @abstractmethod
-    def submit(self, requests: Sequence[Request], plain: bool = False) -> Pending:
-        """Generate `requests` with the latest weights (plain: without the drafter, on the
-        same weights: shadow rollouts)."""
+    def submit(self, requests: Sequence[Request]) -> Pending:
+        """Generate `requests` with the latest weights."""
 
-    def generate(self, requests: Sequence[Request], plain: bool = False) -> Results:
+    def generate(self, requests: Sequence[Request]) -> Results:
         """`submit(...).result()`."""
-        return self.submit(requests, plain).result()
+        return self.submit(requests).result()
 
     @abstractmethod
     def update_weights(self, version: int, weights: Weights) -> None:
@@ -76,14 +82,38 @@ class RolloutBackend(ABC):
         checkpoint; None when it keeps nothing a resumed run would need."""
         return None
 
-    def history_state(self) -> dict | None:
-        """The history store now, for shadow drafters (`LocalRollout.shadowing`); None
-        when the backend's drafter keeps none."""
-        return None
-
     def load_drafter_state(self, state: dict) -> None:
         """Restore `drafter_state` (a resumed run drafts as the interrupted one would)."""
         raise ValueError("this rollout backend keeps no drafter state to restore")
 
     def close(self) -> None:  # noqa: B027 - a backend without workers has nothing to release
         """Release engines and workers (in-flight submissions are discarded)."""
+
+
+@runtime_checkable
+class PlainShadow(Protocol):
+    """A backend that decodes requests without speculation on the weights it holds: the
+    plain side of the measured generation speed-up (`pipeline.shadow_every`)."""
+
+    def generate_plain(self, requests: Sequence[Request]) -> Results:
+        """`requests` decoded plainly with the latest weights (never trained on)."""
+        ...
+
+
+@runtime_checkable
+class DrafterShadow(Protocol):
+    """A backend that drafts requests with other drafters made of its own drafter's parts
+    (`pipeline.shadow_drafters`)."""
+
+    def drafter_snapshot(self) -> dict | None:
+        """What the drafter has learnt so far (the history store), taken before a step's
+        rollouts join it: what that step's shadow drafters start from."""
+        ...
+
+    def alternative(
+        self, name: str, before: dict | None
+    ) -> AbstractContextManager[Callable[[Sequence[Request]], Results]]:
+        """Enter: the drafter `name` is built (and, for adaptive depth, profiled) and its
+        history set to `before`; yields a function generating with it on the run's
+        weights. Exit: the run's drafter is as it was."""
+        ...

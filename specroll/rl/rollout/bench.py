@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from specroll.device import dtype_name, synchronize
-from specroll.drafters.build import build_drafter
+from specroll.drafting import registry
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.prompts import BUILTIN_PROMPTS
@@ -87,7 +87,7 @@ class _Backends:
         cfg = EngineConfig(max_batch=batch)
         if mode == "ar":
             return LocalRollout(Engine(self.model, cfg))
-        drafter = build_drafter(f"eagle3:{self.draft_dir}", self.model)
+        drafter = registry.build(f"eagle3:{self.draft_dir}", self.model)
         # k drafts at every batch size (the adaptive default would choose plain at large batch)
         return LocalRollout(Engine(self.model, cfg, drafter, FixedDepth(self.k, max_batch=batch)))
 

@@ -13,14 +13,15 @@ from specroll.device import resolve_device, resolve_dtype
 from specroll.drafters.base import Drafter
 from specroll.drafters.combined import CombinedDrafter
 from specroll.drafters.history import HistoryDrafter
-from specroll.drafters.trainable import TrainableDraft
+from specroll.drafting import registry
+from specroll.drafting.trainable import TrainableDraft
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.profile import cached_profile
 from specroll.engine.request import Request, Results
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
-from specroll.rl.config_rollout import RolloutConfig, drafter_sources
+from specroll.rl.config.rollout import RolloutConfig
 from specroll.rl.replica import Weights, replica
 from specroll.rl.rollout.base import Done, Pending, RolloutBackend
 
@@ -48,7 +49,9 @@ def build_engine(
     model = place(model, rollout_cfg)
     if draft is not None:
         draft = place(draft, rollout_cfg)
-    drafter = build_drafter(rollout_cfg, draft) if rollout_cfg.speculative else None
+    drafter = (
+        registry.assemble(rollout_cfg.drafter, None, draft) if rollout_cfg.speculative else None
+    )
     return engine_with(rollout_cfg, model.eval(), drafter, prompts, log)
 
 
@@ -63,26 +66,13 @@ def engine_with(
     `rollout_cfg` (adaptive: the cost profile of this machine for that drafter)."""
     depth = None
     if drafter is not None:
-        k = rollout_cfg.nodes if drafter.tree else rollout_cfg.k
+        k = rollout_cfg.size(drafter.tree)
         if rollout_cfg.depth == "adaptive":
             cost = cached_profile(model, drafter, prompts, rollout_cfg.profile, log)
             depth = AdaptiveDepth(cost, k_max=k, tree=drafter.tree)
         else:
             depth = FixedDepth(k, max_batch=rollout_cfg.spec_max_batch)
     return Engine(model, EngineConfig(max_batch=rollout_cfg.max_batch), drafter, depth)
-
-
-def build_drafter(rollout_cfg: RolloutConfig, draft: TrainableDraft | None) -> Drafter | None:
-    """The drafter `rollout.drafter` names, on `draft` (the network; None when it has none:
-    then only 'history' drafts)."""
-    name = rollout_cfg.drafter
-    if name == "history":
-        return HistoryDrafter()
-    if draft is None:
-        return None
-    if rollout_cfg.tree:
-        return CombinedDrafter(HistoryDrafter(), draft.drafter())
-    return draft.drafter()
 
 
 class LocalRollout(RolloutBackend):
@@ -110,62 +100,62 @@ class LocalRollout(RolloutBackend):
     def draft_version(self) -> int | None:
         return self.engine.drafter.version if self.engine.drafter is not None else None
 
-    def submit(self, requests: Sequence[Request], plain: bool = False) -> Pending:
+    def submit(self, requests: Sequence[Request]) -> Pending:
+        return Done(self.engine.generate(requests))
+
+    def generate_plain(self, requests: Sequence[Request]) -> Results:
+        """`requests` decoded without the drafter, on the very same weights (`PlainShadow`)."""
         eng = self.engine
-        if plain and eng.drafter is not None:
-            if self._plain is None:  # plain decoding on the very same weights
+        if eng.drafter is not None:
+            if self._plain is None:
                 self._plain = Engine(eng.model, eng.config)
             self._plain.policy_version = eng.policy_version
             eng = self._plain
-        return Done(eng.generate(requests))
+        return eng.generate(requests)
 
     def update_weights(self, version: int, weights: Weights) -> None:
         policy, draft = weights.resolve()
         self.engine.load_weights(version, policy, draft if self._draft_weights else None)
 
-    def alternative(self, drafter: str) -> Engine:
-        """The engine `generate_with(drafter)` uses, built (and, for adaptive depth, its
-        drafter's cost profile measured) on first use: call it before timing one."""
-        eng = self._alt.get(drafter)
-        if eng is None:
-            rollout_cfg, prompts, log = self._alt_args
-            part = _part(self.engine.drafter, drafter)
-            eng = engine_with(rollout_cfg, self.engine.model, part, prompts, log)
-            self._alt[drafter] = eng
-        return eng
-
-    def generate_with(self, drafter: str, requests: Sequence[Request]) -> Results:
-        """Generate `requests` with another drafter (a `rollout.drafter` value) made of this
-        engine's drafter's parts — its history, its draft network — on the same weights
-        (`pipeline.shadow_drafters`; inside `shadowing`)."""
-        eng = self.alternative(drafter)
-        eng.policy_version = self.engine.policy_version
-        return eng.generate(requests)
-
-    def history_state(self) -> dict | None:
-        """The history store now: taken before a step's rollouts join it, what that step's
-        shadow drafters start from (`shadowing`)."""
+    def drafter_snapshot(self) -> dict | None:
+        """The history store now (`DrafterShadow`): taken before a step's rollouts join it,
+        what that step's shadow drafters start from."""
         history = _history(self.engine.drafter)
         return history.state_dict() if history is not None else None
 
     @contextmanager
-    def shadowing(self, drafter: str, before: dict | None) -> Iterator[None]:
-        """Around `generate_with(drafter)`: a drafter that drafts from history starts from
-        the store as it was before the step (`before`, from `history_state`) and learns
-        from its own rollouts as the run's drafter did from its; the run's store is put
-        back afterwards. Drafting from a store that already holds the step's rollouts —
-        the same requests and seeds — would copy them. Without `before` the store is held
-        fixed instead."""
+    def alternative(
+        self, name: str, before: dict | None
+    ) -> Iterator[Callable[[Sequence[Request]], Results]]:
+        """Generate with the drafter `name` (a `rollout.drafter` value) made of this
+        engine's drafter's parts — its history, its draft network — on the same weights
+        (`DrafterShadow`; `pipeline.shadow_drafters`). Its engine is built (and, for
+        adaptive depth, its drafter profiled) on first use, when entering. A drafter that
+        drafts from history starts from the store as it was before the step (`before`,
+        from `drafter_snapshot`) and learns from its own rollouts as the run's drafter did
+        from its; the run's store is put back on exit. Drafting from a store that already
+        holds the step's rollouts — the same requests and seeds — would copy them.
+        Without `before` the store is held fixed instead."""
+        eng = self._alt.get(name)
+        if eng is None:
+            rollout_cfg, prompts, log = self._alt_args
+            part = _part(self.engine.drafter, name)
+            eng = self._alt[name] = engine_with(rollout_cfg, self.engine.model, part, prompts, log)
+
+        def generate(requests: Sequence[Request]) -> Results:
+            eng.policy_version = self.engine.policy_version
+            return eng.generate(requests)
+
         history = _history(self.engine.drafter)
-        if history is None or "history" not in drafter_sources(drafter):
-            yield
+        if history is None or "history" not in registry.sources(name):
+            yield generate
             return
         learn, now = history.learn, history.state_dict() if before is not None else None
         if before is not None:
             history.load_state_dict(before)
         history.learn = before is not None
         try:
-            yield
+            yield generate
         finally:
             history.learn = learn
             if now is not None:
@@ -204,16 +194,14 @@ def _history(drafter: Drafter | None) -> HistoryDrafter | None:
 
 def _part(drafter: Drafter | None, name: str) -> Drafter:
     """The drafter `name` made of `drafter`'s parts (sharing its history and network)."""
-    want = drafter_sources(name)
+    if drafter is not None and drafter.name == name:
+        return drafter
     history = _history(drafter)
     net = drafter.draft if isinstance(drafter, CombinedDrafter) else drafter
-    if want == {"history", "draft"} and isinstance(drafter, CombinedDrafter):
-        return drafter
-    if want == {"history"} and history is not None:
-        return history
-    if want == {"draft"} and getattr(net, "network", None) is not None:
-        return type(net)(net.network)
-    raise ValueError(
-        f"pipeline.shadow_drafters: {name} cannot be made of the run's drafter "
-        f"{getattr(drafter, 'name', None)!r}"
-    )
+    part = registry.assemble(name, history, getattr(net, "network", None))
+    if part is None or ("history" in registry.sources(name) and history is None):
+        raise ValueError(
+            f"pipeline.shadow_drafters: {name} cannot be made of the run's drafter "
+            f"{getattr(drafter, 'name', None)!r}"
+        )
+    return part

@@ -1,6 +1,6 @@
 """`rollout.backend: ray`: rollout workers, Ray actors each holding one in-process backend
 (`ray.worker_backend`: specroll's engine, or one vLLM engine) built by the same factory as
-the driver's (`build_rollout`).
+the driver's (`build_backend`).
 
 * **Placement.** Each worker reserves `cpus_per_worker` CPUs (its torch threads) and
   `gpus_per_worker` GPUs (`rl.cluster.connect` checks the cluster holds them). A step's
@@ -29,13 +29,13 @@ from collections.abc import Sequence
 
 import torch
 
-from specroll.drafters.trainable import TrainableDraft
+from specroll.drafting.trainable import TrainableDraft
 from specroll.engine.request import Request, Result, Results
 from specroll.model.transformer import Transformer
 from specroll.rl.cluster import connect, require_ray
 from specroll.rl.config import TrainConfig
 from specroll.rl.replica import ReplicaSpec, Weights
-from specroll.rl.rollout import build_rollout
+from specroll.rl.rollout import build_backend
 from specroll.rl.rollout.base import Pending, RolloutBackend
 from specroll.rl.rollout.vllm import require_eagle3, require_vllm
 from specroll.spec.metrics import SpecStats
@@ -75,10 +75,10 @@ class RolloutWorker:
             with torch.no_grad():
                 if self.backend is None:
                     policy, draft = self.spec.build(*update.resolve())
-                    self.backend = build_rollout(self.cfg, policy.eval(), draft, self.prompts)
+                    self.backend = build_backend(self.cfg, policy.eval(), draft, self.prompts)
                 self.backend.update_weights(version, update)
             self.version = version
-        return self.backend.generate(requests, plain)
+        return self.backend.generate_plain(requests) if plain else self.backend.generate(requests)
 
 
 class RayRollout(RolloutBackend):
@@ -117,7 +117,14 @@ class RayRollout(RolloutBackend):
         self.weights = [remote.policy, remote.draft]
         self._version = version
 
-    def submit(self, requests: Sequence[Request], plain: bool = False) -> Pending:
+    def submit(self, requests: Sequence[Request]) -> Pending:
+        return self._submit(requests, plain=False)
+
+    def generate_plain(self, requests: Sequence[Request]) -> Results:
+        """The requests decoded plainly by the workers, on the same weights (`PlainShadow`)."""
+        return self._submit(requests, plain=True).result()
+
+    def _submit(self, requests: Sequence[Request], plain: bool) -> RayPending:
         if self._version < 0:
             raise RuntimeError("update the initial weights before submitting rollouts")
         # a request without an id is named by its position in *this* list, not the share

@@ -28,14 +28,14 @@ from typing import Any
 
 import torch
 
-from specroll.drafters.eagle3_io import load_eagle3
-from specroll.drafters.trainable import TrainableDraft, save_draft
+from specroll.drafting.eagle3_io import load_eagle3
+from specroll.drafting.trainable import TrainableDraft, save_draft
 from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 from specroll.model.weights import read_config, save_model
 from specroll.rl.config import TrainConfig
-from specroll.rl.config_rollout import RolloutConfig
+from specroll.rl.config.rollout import RolloutConfig
 from specroll.rl.replica import Weights
 from specroll.rl.rollout.base import Done, Pending, RolloutBackend
 from specroll.rl.rollout.vllm_patch import patch_expand
@@ -239,8 +239,12 @@ class VllmRollout(RolloutBackend):
 
     # ------------------------------------------------------------------ generation
 
-    def submit(self, requests: Sequence[Request], plain: bool = False) -> Pending:
-        return Done(self.generate_now(requests, plain))
+    def submit(self, requests: Sequence[Request]) -> Pending:
+        return Done(self.generate_now(requests))
+
+    def generate_plain(self, requests: Sequence[Request]) -> Results:
+        """`requests` on the plain engine, with the same weights (`PlainShadow`)."""
+        return self.generate_now(requests, plain=True)
 
     def generate_now(self, requests: Sequence[Request], plain: bool = False) -> Results:
         """Generate `requests` to completion now (results in request order, `.stats`)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from specroll.drafters.eagle3_io import hf_tensors
+from specroll.drafting.eagle3_io import hf_tensors
 from specroll.model.config import ModelConfig
 from specroll.model.weights import hf_state_dict
 from specroll.rl.replica import State

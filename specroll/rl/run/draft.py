@@ -1,4 +1,4 @@
-"""The draft a training run starts from (`draft.init`, `draft.kind`)."""
+"""The draft a training run starts from (`draft.init`, of the kind `rollout.drafter` names)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.trainable import TrainableDraft, load_draft
 from specroll.drafting.data import default_aux_layers
 from specroll.drafting.default import default_draft
 from specroll.drafting.train import new_eagle3, new_mtp
+from specroll.drafting.trainable import TrainableDraft, load_draft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
 from specroll.rl.run.task import prompt_ids, task_files
@@ -35,12 +35,11 @@ def build_draft(
     cfg: TrainConfig, policy: Transformer, tok, policy_dir: Path, progress=None
 ) -> TrainableDraft | None:
     """The draft the run starts from (None when speculation and online training are off,
-    or when the rollouts draft from history alone: no network to build, train or ship)."""
-    if not cfg.rollout.speculative and not cfg.draft.online:
+    or when the drafter has no network, history: none to build, train or ship)."""
+    kind = cfg.rollout.network
+    if kind is None or (not cfg.rollout.speculative and not cfg.draft.online):
         return None
-    if cfg.rollout.speculative and not cfg.rollout.network:
-        return None
-    init, kind = cfg.draft.init, cfg.draft.kind
+    init = cfg.draft.init
     if init == "random":
         if kind == "mtp":
             return new_mtp(policy, cfg.pipeline.seed)
@@ -58,4 +57,10 @@ def build_draft(
             raise ValueError(
                 f"draft.init={init!r}: expected 'default', 'random' or a draft directory"
             )
-    return load_draft(path, policy)
+    draft = load_draft(path, policy)
+    if draft.kind != kind:
+        raise ValueError(
+            f"draft.init={init!r} holds a {draft.kind} draft but rollout.drafter="
+            f"{cfg.rollout.drafter} drafts with {kind}: set rollout.drafter to name {draft.kind}"
+        )
+    return draft

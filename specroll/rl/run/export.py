@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specroll import outputs
-from specroll.drafters.trainable import TrainableDraft, save_draft
+from specroll.drafting.trainable import TrainableDraft, save_draft
 from specroll.model.transformer import Transformer
 from specroll.model.weights import save_model
 from specroll.rl.errors import RunError

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specroll.drafters.trainable import TrainableDraft, load_draft, new_draft
+from specroll.drafting.trainable import TrainableDraft, load_draft, new_draft
 from specroll.model.transformer import Transformer
 from specroll.model.untrusted import UnreadableFile, load_tensors
 from specroll.model.weights import load_model, load_state, read_config

@@ -8,7 +8,7 @@ another experiment. So a run records the SHA-256 of each in `run.json` when it s
 (`rundir.start`), and on `--resume` `check` compares them and names what changed: the
 resume is refused unless the user says the change is intended (`ALLOW_CHANGED`).
 
-What is fingerprinted: `data.train` (or a file in `data.task`) and `data.val`, a file or
+What is fingerprinted: `data.train` and `data.val`, a file or
 every file of a `save_to_disk` directory; and the source file of each user reward in
 `reward.functions` (the file of 'path.py:fn', the module of 'pkg.mod:fn', found as
 `tasks.reward_refs` finds it; a module it imports in turn is not followed). Hashing reads

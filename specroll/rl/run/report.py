@@ -32,15 +32,14 @@ def step_metrics(
     rewards: torch.Tensor,
     keep: torch.Tensor,
     lag: dict[int, int],
-    plain_run: tuple[float, int] | None,
     train_metrics: dict,
     dropped: int = 0,
     restarts: int = 0,
     refill: StepGroups | None = None,
 ) -> dict:
     """A step's line of metrics.jsonl: the learner's figures (`train_metrics`), then the
-    stage times, generation, rewards, speculation and (with a shadow run: its (seconds,
-    tokens) in `plain_run`) the measured generation speed-up.
+    stage times, generation, rewards and speculation (a probed step's shadow figures are
+    `shadow.ShadowProbe.metrics`).
 
     rewards: [P, G]; keep: [P] the groups trained on; lag: {versions old: samples};
     refill: the step's groups with dynamic-sampling refill (`run.refill`), whose rounds,
@@ -78,36 +77,6 @@ def step_metrics(
         m["refill_rounds"] = refill.rounds
         m["refill_groups"] = refill.refill_groups
         m["refill_tokens"] = refill.refill_tokens
-    if plain_run is not None:
-        # speculative and plain decoding draw the same distribution, not the same
-        # samples: the two runs' lengths differ, so the time ratio (the step's saving)
-        # moves with them, and the token-rate ratio measures the decoding
-        shadow_s, shadow_tok = plain_run
-        gen = times["gen"]
-        m["shadow_ar_gen_s"] = round(shadow_s, 3)
-        m["shadow_ar_gen_tokens"] = shadow_tok
-        m["gen_speedup"] = round(shadow_s / gen, 4)
-        m["gen_rate_speedup"] = round((n_tok / gen) / (shadow_tok / shadow_s), 4)
-    return m
-
-
-def shadow_metrics(others: dict, plain_run: tuple[float, int], rewards: dict[str, float]) -> dict:
-    """`shadow/<drafter>/...` of the step's shadow drafters ({drafter: (seconds, results)},
-    `window.shadow_drafters`) against the plain shadow run (seconds, tokens): each one's
-    token-rate speed-up, acceptance length, tokens per row-iteration and reward (`rewards`:
-    {drafter: mean reward of its samples})."""
-    shadow_s, shadow_tok = plain_run
-    m = {}
-    for name, (seconds, results) in sorted(others.items()):
-        spec = results.stats
-        n_tok = sum(len(r.token_ids) for r in results)
-        rate = (n_tok / max(seconds, 1e-9)) / (shadow_tok / max(shadow_s, 1e-9))
-        m[f"shadow/{name}/gen_rate_speedup"] = round(rate, 4)
-        m[f"shadow/{name}/acceptance_length"] = round(spec.acceptance_length, 4)
-        m[f"shadow/{name}/tokens_per_iter"] = round(spec.tokens_per_forward, 4)
-        m[f"shadow/{name}/gen_s"] = round(seconds, 3)
-        m[f"shadow/{name}/tau_at"] = tau_table(spec)
-        m[f"shadow/{name}/reward"] = round(rewards[name], 4)
     return m
 
 
@@ -338,7 +307,7 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
     lines = [
         f"# specroll run: {out}",
         "",
-        f"Policy `{cfg.policy.model}`, task `{cfg.data.train_file or cfg.data.task}` "
+        f"Policy `{cfg.policy.model}`, task `{cfg.data.train or 'math'}` "
         f"(rewards: {', '.join(cfg.reward.functions)}), {summary['steps']} steps of "
         f"{cfg.data.prompts_per_step} prompts x {cfg.data.group_size} samples, "
         f"speculative={cfg.rollout.speculative} (drafter {cfg.rollout.drafter}, "

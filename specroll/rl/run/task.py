@@ -45,7 +45,7 @@ class TaskFiles:
     """The problems of a run's data files (None: not given)."""
 
     train: list[Problem] | None
-    """`data.train` (or a file in `data.task`); None = the procedural math task."""
+    """`data.train`; None = the procedural math task."""
     val: list[Problem] | None
     """`data.val`, its first `data.val_size` records; None = held out of train."""
 
@@ -69,7 +69,7 @@ def task_files(cfg: TrainConfig) -> TaskFiles:
     before any model is loaded."""
     d = cfg.data
     keys = Keys(d.prompt_key, d.answer_key)
-    train = _prefixed(load_file(d.train_file, keys), d) if d.train_file else None
+    train = _prefixed(load_file(d.train, keys), d) if d.train else None
     val = _prefixed(load_file(d.val, keys)[: d.val_size], d) if d.val else None
     for name, items in (("data.train", train), ("data.val", val)):
         missing = [p.uid for p in items or [] if not p.answer]
@@ -82,7 +82,7 @@ def task_files(cfg: TrainConfig) -> TaskFiles:
             )
     if train is not None and val is None and len(train) <= d.val_size:
         raise ValueError(
-            f"{d.train_file} holds {len(train)} problems, not more than "
+            f"{d.train} holds {len(train)} problems, not more than "
             f"data.val_size={d.val_size} (held out for validation; or give data.val)"
         )
     files = TaskFiles(train, val)
@@ -91,7 +91,7 @@ def task_files(cfg: TrainConfig) -> TaskFiles:
         held = f" (less the data.val_size={d.val_size} held out)" if val is None else ""
         raise ValueError(
             f"data.pool={d.pool} is more than the {len(training)} training records of "
-            f"{d.train_file}{held}: at most {len(training)}, or 0 for all of them"
+            f"{d.train}{held}: at most {len(training)}, or 0 for all of them"
         )
     return files
 

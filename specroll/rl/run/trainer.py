@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafters.trainable import TrainableDraft, draft_config
-from specroll.engine.profile import PROFILE_PROMPTS_SEED
+from specroll.drafting.trainable import TrainableDraft, draft_config
+from specroll.engine.request import Results
 from specroll.model.transformer import Transformer
+from specroll.rl.algo.advantages import result_advantages
 from specroll.rl.algo.batch import Batch
 from specroll.rl.algo.old_logprobs import OldLogprobs
 from specroll.rl.budget import check_loaded
@@ -38,12 +39,12 @@ from specroll.rl.learner.schedule import lr_at
 from specroll.rl.rollout import build_rollout
 from specroll.rl.run import checkpoint, export, rundir, samples
 from specroll.rl.run.loggers import Loggers, check_installed, open_loggers
-from specroll.rl.run.refill import StepGroups, refill, score
-from specroll.rl.run.report import shadow_metrics, step_metrics, write_report
+from specroll.rl.run.refill import StepGroups, refill
+from specroll.rl.run.report import step_metrics, write_report
+from specroll.rl.run.shadow import ShadowProbe
 from specroll.rl.run.task import VALIDATION_SEED, Task, step_seed
-from specroll.rl.run.window import RolloutWindow, shadow, shadow_drafters
+from specroll.rl.run.window import RolloutWindow
 from specroll.tasks.rewards import RewardError
-from specroll.tasks.sets import encode, math_problems
 
 
 class Interrupted(Exception):
@@ -71,15 +72,15 @@ class Trainer:
         self.task.stop = self._check_stop  # a signal ends the reward stage at once
         # a run built from Python meets the bounds the command line checks (`rl.budget`)
         check_loaded(cfg, policy.cfg, self.task.file_items)
-        # the prompts a backend measures its hardware profile on (adaptive depth)
-        prompts = [encode(tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)]
-        self.rollout = build_rollout(cfg, policy, draft, prompts, log)
+        self.rollout = build_rollout(cfg, policy, draft, tok, log)
         if cfg.learner.placement == "auto" and cfg.learner_placement() == "ray":
             log("learner: in a Ray actor (learner.placement=auto follows rollout.backend=ray)")
         self.host = build_host(cfg, policy, draft)
         self.window = RolloutWindow(
             self.rollout, self.task, cfg.pipeline.max_lag, cfg.pipeline.steps
         )
+        self.shadow = ShadowProbe(cfg, self.rollout, self.task)
+        """Plain decoding (and other drafters) of probed steps' requests, timed apart."""
         self.old_logprobs = OldLogprobs(cfg, log)
         self.draft_config = (
             {"kind": draft.kind, "config": draft_config(draft)} if draft is not None else None
@@ -93,8 +94,6 @@ class Trainer:
         self.run_dir: rundir.RunDir | None = None
         self.rollout.update_weights(0, self.host.weights())
 
-    # ------------------------------------------------------------------ step
-
     def request_stop(self) -> None:
         """Stop at the next stage boundary, save a checkpoint and exit (what Ctrl-C does)."""
         if self.run_dir is not None:
@@ -105,101 +104,130 @@ class Trainer:
             raise Interrupted
 
     def run_step(self) -> dict:
-        """One RL step; returns its metrics."""
-        cfg, s = self.cfg, self.step
-        G = cfg.data.group_size
-        t = {"prepare": 0.0}
-        torch.manual_seed(step_seed(cfg.pipeline.seed, s))
-
+        """One RL step, its five stages in turn; returns its metrics. A stop request ends
+        the step after gen, reward or logprob (nothing is updated yet); once the update
+        has run, the step is completed."""
+        s = self.step
+        torch.manual_seed(step_seed(self.cfg.pipeline.seed, s))
         problems = self.task.problems(s)
-        reqs = self.task.step_requests(s)
-        every = cfg.pipeline.shadow_every
-        with_shadow = every and s % every == 0 and self.rollout.speculative
-        with_shadow = with_shadow and not cfg.pipeline.max_lag
-        # plain decoding of the same requests on the same weights; every other time it
-        # runs first, so that neither side always comes right after the learner's update
-        shadow_first = with_shadow and (s // every) % 2 == 1
-        plain = shadow(self.rollout, reqs) if shadow_first else None  # (seconds, results)
-        # what shadow drafters draft from: the history before this step's rollouts join it
-        before = (
-            self.rollout.history_state() if with_shadow and cfg.pipeline.shadow_drafters else None
-        )
-        t0 = time.perf_counter()
-        results, lag = self.window.take(s, reqs)
-        t["gen"] = time.perf_counter() - t0  # async: only the exposed part (learner waits)
-        if with_shadow and not shadow_first:
-            plain = shadow(self.rollout, reqs)
-        plain_run = None if plain is None else (plain[0], sum(len(r.token_ids) for r in plain[1]))
-        others = {}
-        if with_shadow and cfg.pipeline.shadow_drafters:
-            others = shadow_drafters(self.rollout, reqs, cfg.pipeline.shadow_drafters, s, before)
+        t: dict[str, float] = {}
+        results, lag, t["gen"] = self._gen()
         self._check_stop()
+        groups = self._timed(t, "reward", self._reward, problems, results)
+        t["gen"] += groups.seconds["gen"]  # refill rounds generate within the reward stage
+        t["reward"] -= groups.seconds["gen"]
+        self._check_stop()
+        batch = self._batch(groups)
+        old = self._timed(t, "logprob", self._logprob, batch)
+        self._check_stop()
+        train_metrics = self._timed(t, "train", self._train, batch, old)
+        self._timed(t, "prepare", self._prepare)
+        return self._metrics(t, problems, groups, lag, train_metrics)
 
+    @staticmethod
+    def _timed(times: dict[str, float], name: str, fn, *args):
+        """`fn(*args)`, its seconds in times[name]."""
         t0 = time.perf_counter()
+        out = fn(*args)
+        times[name] = time.perf_counter() - t0
+        return out
+
+    def _gen(self) -> tuple[Results, dict[int, int], float]:
+        """The step's rollouts, {lag: samples} and the seconds the learner waited for them
+        (async: only the exposed part), with the shadow probe's runs around it, timed
+        apart (`ShadowProbe.around`)."""
+        s = self.step
+        reqs = self.task.step_requests(s)
+        with self.shadow.around(s, reqs):
+            t0 = time.perf_counter()
+            results, lag = self.window.take(s, reqs)
+            seconds = time.perf_counter() - t0
+        return results, lag, seconds
+
+    def _reward(self, problems: list, results: Results) -> StepGroups:
+        """Rewards, advantages and the groups trained on (with dynamic sampling: the
+        refill rounds too); the step's sample completions for `log.samples`."""
+        cfg, s, G = self.cfg, self.step, self.cfg.data.group_size
         scores = self.task.score(problems, results, G)  # a failing reward function stops here
-        rewards = scores.total  # [P, G]
-        if s == 0 and not bool(rewards.any()):  # no signal: say why, once
+        if s == 0 and not bool(scores.total.any()):  # no signal: say why, once
             self.log(f"warning: {self.task.zero_reward_hint(problems, results, G)}")
-        n, spec = cfg.log.samples, self.rollout.speculative
         self.samples = samples.rows(
-            s + 1, n, problems, results, rewards, self.tok, scores.parts, speculative=spec
+            s + 1,
+            cfg.log.samples,
+            problems,
+            results,
+            scores.total,
+            self.tok,
+            scores.parts,
+            speculative=self.rollout.speculative,
         )
-        adv, keep = score(cfg, rewards, results)
-        t["reward"] = time.perf_counter() - t0
-        groups = StepGroups(problems, results, rewards, adv, keep)
+        max_new = cfg.rollout.max_new_tokens
+        adv, keep = result_advantages(scores.total, results, max_new, cfg.loss)
+        groups = StepGroups(problems, results, scores, adv, keep)
         if cfg.loss.max_refill_rounds:  # dynamic sampling: more groups while too few count
-            groups = refill(cfg, self.task, s, self.rollout.generate, groups, t)
-            results, rewards = groups.results, groups.rewards
-            adv, keep = groups.advantages, groups.keep
-            self._check_stop()
+            groups = refill(cfg, self.task, s, self.rollout.generate, groups)
+        return groups
 
-        train_metrics: dict = {"lr": lr_at(cfg.policy, s, cfg.pipeline.steps)}
-        rows = [i for i in range(len(results)) if bool(keep[i // G])]
-        if cfg.loss.mask_truncated:  # overlong filtering: a cut response adds no loss
-            cut = [i for i in rows if results[i].finish_reason != "stop"]
-            train_metrics["masked_truncated"] = len(cut)
+    def _batch(self, groups: StepGroups) -> tuple[Batch, torch.Tensor] | None:
+        """The rollouts trained on — kept groups, less cut responses with overlong
+        filtering (`loss.mask_truncated`) — and which of them the current policy generated
+        ([N] bool); None when none is left."""
+        G, results = self.cfg.data.group_size, groups.results
+        rows = [i for i in range(len(results)) if bool(groups.keep[i // G])]
+        self._masked = None
+        if self.cfg.loss.mask_truncated:  # overlong filtering: a cut response adds no loss
+            self._masked = sum(results[i].finish_reason != "stop" for i in rows)
             rows = [i for i in rows if results[i].finish_reason == "stop"]
-        t["logprob"] = t["train"] = 0.0
-        if rows:
-            batch = Batch.from_results([results[i] for i in rows], adv.view(-1)[rows])
-            fresh = torch.tensor([results[i].policy_version == s for i in rows], device="cpu")
-            t0 = time.perf_counter()
-            old, ref, stats = self.old_logprobs(self.host.logprobs, batch, fresh, s)
-            train_metrics.update(stats)
-            t["logprob"] = time.perf_counter() - t0
-            self._check_stop()
-            t0 = time.perf_counter()
-            train_metrics.update(self.host.train(batch, old, ref, train_metrics["lr"]))
-            t["train"] = time.perf_counter() - t0
+        if not rows:
+            return None
+        batch = Batch.from_results([results[i] for i in rows], groups.advantages.view(-1)[rows])
+        fresh = torch.tensor([results[i].policy_version == self.step for i in rows], device="cpu")
+        return batch, fresh
 
-        t0 = time.perf_counter()
-        self.step = s + 1
+    def _logprob(self, batch: tuple[Batch, torch.Tensor] | None) -> tuple | None:
+        """The old (and reference) log-probs of the batch and their stats
+        (`algo.old_logprobs`)."""
+        if batch is None:
+            return None
+        return self.old_logprobs(self.host.logprobs, *batch, self.step)
+
+    def _train(self, batch: tuple[Batch, torch.Tensor] | None, old: tuple | None) -> dict:
+        """The policy and draft update; the learner's metrics."""
+        m: dict = {"lr": lr_at(self.cfg.policy, self.step, self.cfg.pipeline.steps)}
+        if self._masked is not None:
+            m["masked_truncated"] = self._masked
+        if batch is not None:
+            old_lp, ref, stats = old
+            m.update(stats)
+            m.update(self.host.train(batch[0], old_lp, ref, m["lr"]))
+        return m
+
+    def _prepare(self) -> None:
+        """Publish the new weights to the rollout side (version step + 1)."""
+        self.step += 1
         self.rollout.update_weights(self.step, self.host.weights())
-        t["prepare"] = time.perf_counter() - t0
+
+    def _metrics(
+        self, t: dict, problems: list, groups: StepGroups, lag: dict, train_metrics: dict
+    ) -> dict:
+        """The step's metrics: stages, generation, rewards (each function's over every
+        refill round), speculation and the shadow probe's."""
+        cfg, results = self.cfg, groups.results
         m = step_metrics(
             self.step,
             t,
             results,
-            rewards,
-            keep,
+            groups.rewards,
+            groups.keep,
             lag,
-            plain_run,
             train_metrics,
             dropped=self.window.dropped,
             restarts=self.rollout.restarts,
             refill=groups if cfg.loss.max_refill_rounds else None,
         )
-        m.update(scores.metrics())  # reward/<function>: each function's mean
-        if plain is not None:
-            # the shadow runs' samples scored too: on the same weights every drafter and
-            # plain decoding draw the same distribution, so their rewards must agree
-            shadows = {"plain": plain[1]} | {n: res for n, (_, res) in others.items()}
-            mean = {
-                n: float(self.task.rewards(problems, res, G).mean()) for n, res in shadows.items()
-            }
-            m["shadow_ar_reward"] = round(mean.pop("plain"), 4)
-            if others:
-                m.update(shadow_metrics(others, plain_run, mean))
+        m.update(groups.scores.metrics())  # reward/<function>: each function's mean
+        n_tok = sum(len(r.token_ids) for r in results)
+        m.update(self.shadow.metrics(problems, cfg.data.group_size, t["gen"], n_tok))
         return m
 
     @torch.no_grad()
@@ -224,8 +252,6 @@ class Trainer:
             mine = [i for i, x in enumerate(sources) if x is not None and str(x) == src]
             self.val_by_source[f"val_accuracy/{src}"] = round(float(rewards[mine].mean()), 4)
         return round(float(rewards.mean()), 4)
-
-    # ------------------------------------------------------------------ checkpoints
 
     def checkpoint_state(self) -> dict:
         """What `state.pt` holds: the config, the old-log-prob source and the learner."""
@@ -270,8 +296,6 @@ class Trainer:
         self.rollout.close()
         self.host.close()
         self.task.close()
-
-    # ------------------------------------------------------------------ loop
 
     def run(
         self,

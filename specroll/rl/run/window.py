@@ -1,10 +1,7 @@
 """What the step loop asks of the rollout side: a step's rollouts through the window of
-steps in flight (asynchronous RL), and shadow rollouts (the same requests decoded without
-speculation, or with other drafters, timed and discarded)."""
+steps in flight (asynchronous RL)."""
 
 from __future__ import annotations
-
-import time
 
 from specroll.engine.request import Request, Results
 from specroll.rl.rollout.base import Pending, RolloutBackend
@@ -55,36 +52,3 @@ class RolloutWindow:
     def clear(self) -> None:
         """Discard the submissions in flight."""
         self._inflight.clear()
-
-
-def shadow(rollout: RolloutBackend, requests: list[Request]) -> tuple[float, Results]:
-    """(seconds, results) of generating `requests` without speculation on the same weights
-    (never trained on): the plain side of the measured generation speed-up."""
-    t0 = time.perf_counter()
-    results = rollout.generate(requests, plain=True)
-    return time.perf_counter() - t0, results
-
-
-def shadow_drafters(
-    rollout: RolloutBackend,
-    requests: list[Request],
-    names: tuple[str, ...],
-    step: int,
-    before: dict | None = None,
-) -> dict[str, tuple[float, Results]]:
-    """{drafter: (seconds, results)} of generating `requests` with each of `names` on the
-    run's weights (`LocalRollout.generate_with`), each drafting from the history store as
-    it was before the step (`before`, `LocalRollout.shadowing`), in an order that rotates
-    with `step` (no drafter always runs first)."""
-    out = {}
-    order = list(names)
-    if order:
-        r = step % len(order)
-        order = order[r:] + order[:r]
-    for name in order:
-        rollout.alternative(name)  # built outside the timing (a first profile takes minutes)
-        with rollout.shadowing(name, before):  # swapping stores is not timed either
-            t0 = time.perf_counter()
-            results = rollout.generate_with(name, requests)
-            out[name] = (time.perf_counter() - t0, results)
-    return out

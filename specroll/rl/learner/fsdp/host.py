@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from specroll.drafters.trainable import TrainableDraft
+from specroll.drafting.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.model.untrusted import UnreadableFile
 from specroll.rl.algo.batch import Batch

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from specroll.device import resolve_dtype
-from specroll.drafters.trainable import save_draft
+from specroll.drafting.trainable import save_draft
 from specroll.model.transformer import Transformer
 from specroll.model.untrusted import UnreadableFile, load_tensors
 from specroll.model.weights import save_model

@@ -17,7 +17,7 @@ continues from the last checkpoint.
 
 from __future__ import annotations
 
-from specroll.drafters.trainable import TrainableDraft
+from specroll.drafting.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.model.untrusted import UnreadableFile
 from specroll.rl.algo.batch import Batch

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from specroll.rl import config_yaml
-from specroll.rl.config_yaml import YAMLTooLarge
+from specroll.rl.config import yaml_safe
+from specroll.rl.config.yaml_safe import YAMLTooLarge
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest preset or --config file read: a configuration is a few kilobytes; a bigger file
@@ -30,7 +30,7 @@ is not one, and every byte of it would be copied into each checkpoint's meta.jso
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """The mapping of sections in YAML file `path`: not empty, not binary, at most
-    MAX_CONFIG_BYTES, read as `config_yaml.ConfigLoader` reads (no key twice, YAML 1.2
+    MAX_CONFIG_BYTES, read as `yaml_safe.ConfigLoader` reads (no key twice, YAML 1.2
     numbers, aliases and nesting bounded)."""
     try:
         with open(path, "rb") as f:
@@ -45,7 +45,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
             f"{path}: larger than {MAX_CONFIG_BYTES} bytes; a configuration is a few kilobytes"
         )
     try:
-        raw = config_yaml.load(text)
+        raw = yaml_safe.load(text)
     except YAMLTooLarge as e:
         raise ValueError(f"{path}: {e}") from None
     except yaml.YAMLError as e:  # yaml's message names no file: say which, and where
@@ -121,7 +121,7 @@ def set_value(key: str, text: str) -> Any:
     and how to pass it as a string when it is not YAML (a colon followed by a space, a
     leading @, %, `, !, or an unclosed bracket)."""
     try:
-        return config_yaml.load(text)
+        return yaml_safe.load(text)
     except YAMLTooLarge as e:
         raise ValueError(f"--set {key}: {e}") from None
     except yaml.YAMLError as e:

@@ -16,7 +16,9 @@ incremental drafting, position by position.
 Loss: soft cross-entropy from the policy's tempered distribution p to the draft's q at
 every step, weighted `decay**j`; p is restricted to the draft vocabulary without
 renormalising (mass outside it can never be accepted). Metrics per step: top-1 agreement
-and the expected acceptance sum_v min(p_v, q_v) of a single draft token.
+and the expected acceptance sum_v min(p_v, q_v) of a single draft token, kept on the
+device (read once per update by the learner). `draft_loss` is the loss of a padded batch,
+the one both offline training (`drafting.train`) and the online learner call.
 
 Cost: step 0 runs over every position (they are the keys of every chain), steps >= 1 only
 over anchors from `start` on (the prompt's chains are never scored), and the LM head only
@@ -110,7 +112,7 @@ def ttt_loss(
     target_logp: torch.Tensor,
     target_index: torch.Tensor,
     decay: float = 0.8,
-) -> tuple[torch.Tensor, dict[str, list[float]]]:
+) -> tuple[torch.Tensor, dict]:
     """Weighted soft cross-entropy over the unrolled steps, and per-step metrics.
 
     states[j]: [B, T_j, H] from `ttt_unroll` (anchors T - T_j ..); readout: state → draft
@@ -118,27 +120,74 @@ def ttt_loss(
     positions over the same vocabulary (restricted, not renormalised); target_index:
     [B, T] row of target_logp for position i, -1 where i is not scored. Step j at anchor
     t is scored against position t + 1 + j.
+
+    Metrics: "ce", "top1", "accept" as fp32 device tensors [steps] (NaN at a step that
+    scores nothing) and "count" as host ints. They stay on the device so that the online
+    learner reads them once per update, not once per step and micro-batch (a GPU stream
+    stall each); the scored positions of every step are found with two host reads in all
+    (their count and their indices: the shapes depend on them).
     """
     B, T = target_index.shape
     total = target_logp.new_zeros(())
-    metrics: dict[str, list[float]] = {"ce": [], "top1": [], "accept": [], "count": []}
-    for j, st in enumerate(states):
-        s = T - st.shape[1]
-        rows = shift(target_index, 1 + j, -1)[:, s:]  # [B, T_j]
-        sel = rows >= 0
-        n = int(sel.sum())
-        metrics["count"].append(n)
+    rows = [shift(target_index, 1 + j, -1)[:, T - st.shape[1] :] for j, st in enumerate(states)]
+    scored = torch.cat([r.flatten() for r in rows]) >= 0
+    counts = torch.stack([(r >= 0).sum() for r in rows]).tolist()
+    picked = scored.nonzero().squeeze(1)  # every step's scored positions, steps in order
+    stats = []
+    first, offset = 0, 0
+    for j, (st, r, n) in enumerate(zip(states, rows, counts, strict=True)):
+        at = picked[first : first + n] - offset  # the positions `r >= 0` selects, in order
+        first, offset = first + n, offset + r.numel()
         if n == 0:
-            for key in ("ce", "top1", "accept"):
-                metrics[key].append(float("nan"))
+            stats.append(torch.full((3,), float("nan"), device=target_logp.device))
             continue
-        logp = target_logp[rows[sel]]  # [n, V']
+        logp = target_logp[r.flatten()[at]]  # [n, V']
         p = logp.exp()
-        logq = F.log_softmax(readout(st[sel]).float(), dim=-1)  # [n, V']
+        logq = F.log_softmax(readout(st.flatten(0, 1)[at]).float(), dim=-1)  # [n, V']
         ce = -(p * logq).sum(-1).mean()
         total = total + decay**j * ce
         with torch.no_grad():
-            metrics["ce"].append(float(ce))
-            metrics["top1"].append(float((logq.argmax(-1) == logp.argmax(-1)).float().mean()))
-            metrics["accept"].append(float(torch.minimum(p, logq.exp()).sum(-1).mean()))
-    return total, metrics
+            top1 = (logq.argmax(-1) == logp.argmax(-1)).float().mean()
+            accept = torch.minimum(p, logq.exp()).sum(-1).mean()
+            stats.append(torch.stack([ce.detach().float(), top1, accept.float()]))
+    ce, top1, accept = torch.stack(stats, dim=1)  # [3, steps] → 3 x [steps]
+    return total, {"ce": ce, "top1": top1, "accept": accept, "count": counts}
+
+
+def draft_loss(
+    net,  # a TrainableDraft (`drafting.trainable`, which builds on this module)
+    tokens: torch.Tensor,
+    *,
+    aux: torch.Tensor,
+    final: torch.Tensor | None,
+    lengths: torch.Tensor,
+    prompt_lens: torch.Tensor,
+    target_logp: Callable[[torch.Tensor], torch.Tensor],
+    steps: int,
+    decay: float,
+    on_device: bool = False,
+):
+    """TTT loss and per-step metrics of a padded batch (shared by offline and online).
+
+    tokens: [B, T]; aux: [B, T, 3H] target features (detached); final: [B, T, H] the
+    target's normed last state (MTP input; unused by EAGLE-3); target_logp(mask [B, T])
+    returns the policy's log-probs [n, V'] at the n masked positions over the draft's
+    vocabulary (computed without gradient by the caller). Metrics: lists of Python
+    numbers per step, read in one transfer (offline training logs them batch by batch);
+    with `on_device`, the tensors of `ttt_loss` as they are, for a caller that reads
+    them once per update (the online learner).
+    """
+    T = tokens.shape[1]
+    mask = loss_mask(lengths, prompt_lens, T)  # [B, T]
+    # each masked position's row in the target (row-major order), -1 elsewhere
+    index = torch.where(mask, mask.flatten().cumsum(0).view_as(mask) - 1, -1)
+    with torch.no_grad():
+        target = target_logp(mask)
+    feats = net.features(aux, final)
+    start = max(0, int(prompt_lens.min()) - 1 - steps)
+    states = ttt_unroll(net.step, feats, tokens, steps, net.kv_group, start)
+    loss, metrics = ttt_loss(states, net.readout, target, index, decay)
+    if not on_device:
+        ce, top1, accept = torch.stack([metrics["ce"], metrics["top1"], metrics["accept"]]).tolist()
+        metrics = {"ce": ce, "top1": top1, "accept": accept, "count": metrics["count"]}
+    return loss, metrics

@@ -3,7 +3,7 @@ need of a draft network, whatever its architecture.
 
 EAGLE-3 (`Eagle3Head`) and MTP (`MTPDraft`) both implement it with identical signatures,
 so `specroll.drafting` and `specroll.rl` name only `TrainableDraft` and the functions
-below, and a new architecture is one class that implements it plus one entry in `KINDS`.
+below, and a new architecture is one class that implements it plus one entry in `NETWORKS`.
 
 A draft reads two kinds of policy state (both detached, never a path for gradients into
 the policy): `aux`, the residual-stream states after the layers in `aux_layers`
@@ -12,7 +12,7 @@ last state after its final norm (MTP's input; the policy's logits are `final @ W
 
 Vocabulary: a *draft* is the network (`TrainableDraft`: `Eagle3Head`, `MTPDraft`); a
 *drafter* is what the engine calls to propose tokens (`specroll.drafters.base.Drafter`),
-built from a draft by `draft.drafter()` or from a spec string by `build_drafter`.
+built from a draft by `draft.drafter()` or by name by `drafting.registry`.
 """
 
 from __future__ import annotations
@@ -22,18 +22,20 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from specroll.drafters.eagle3 import Eagle3Head
-from specroll.drafters.eagle3_io import config_from_hf, load_eagle3, save_eagle3
-from specroll.drafters.mtp import MTPConfig, MTPDraft
-from specroll.drafters.mtp_io import load_mtp, save_mtp
+from specroll.drafting.eagle3 import Eagle3Head
+from specroll.drafting.eagle3_io import config_from_hf, load_eagle3, save_eagle3
+from specroll.drafting.mtp import MTPConfig, MTPDraft
+from specroll.drafting.mtp_io import load_mtp, save_mtp
 
 if TYPE_CHECKING:
     from specroll.drafters.base import Drafter
-    from specroll.drafters.ttt import Unroll
+    from specroll.drafting.ttt import Unroll
     from specroll.model.transformer import Transformer
 
-KINDS = ("eagle3", "mtp")
-"""Trainable draft architectures (`draft.kind`)."""
+
+NETWORKS = ("eagle3", "mtp")
+"""Trainable draft architectures: the networks a run trains online and ships (each a
+drafter name of `drafting.registry`)."""
 
 
 @runtime_checkable
@@ -42,7 +44,7 @@ class TrainableDraft(Protocol):
     head and final norm), never copies or trains."""
 
     kind: str
-    """One of KINDS."""
+    """One of NETWORKS."""
     cfg: Any
     """Its architecture; `type(draft)(draft.cfg, policy)` builds an untrained twin."""
 
@@ -66,7 +68,7 @@ class TrainableDraft(Protocol):
         """aux [B, T, len(aux_layers) H], final [B, T, H] or None -> input states [B, T, H]."""
 
     def step(self, tokens: torch.Tensor, states: torch.Tensor, unroll: Unroll) -> Any:
-        """One training-time-test step (`specroll.drafters.ttt`): tokens [B, T], states
+        """One training-time-test step (`specroll.drafting.ttt`): tokens [B, T], states
         [B, T, H] -> (logits, next states [B, T, H])."""
 
     def readout(self, state: torch.Tensor) -> torch.Tensor:
@@ -88,7 +90,7 @@ def save_draft(draft: TrainableDraft, out_dir: str | Path) -> None:
     elif draft.kind == "mtp":
         save_mtp(draft, out_dir)
     else:
-        raise ValueError(f"unknown draft kind {draft.kind!r}; expected one of {KINDS}")
+        raise ValueError(f"unknown draft kind {draft.kind!r}; expected one of {NETWORKS}")
 
 
 def draft_config(draft: TrainableDraft) -> dict[str, Any]:
@@ -104,7 +106,7 @@ def new_draft(kind: str, config: dict[str, Any], policy: Transformer) -> Trainab
         return Eagle3Head(config_from_hf(config, policy.cfg), embed=policy)
     if kind == "mtp":
         return MTPDraft(MTPConfig(**config), policy)
-    raise ValueError(f"unknown draft kind {kind!r}; expected one of {KINDS}")
+    raise ValueError(f"unknown draft kind {kind!r}; expected one of {NETWORKS}")
 
 
 def load_draft(path: str | Path, policy: Transformer) -> TrainableDraft:

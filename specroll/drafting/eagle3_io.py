@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from specroll.drafters.eagle3 import Eagle3Config, Eagle3Head, Embed
+from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head, Embed
 from specroll.model.config import ModelConfig, check_draft_size
 from specroll.model.transformer import Transformer
 from specroll.outputs import atomic_path, write_text

@@ -1,19 +1,13 @@
-"""The sections of a run's configuration that describe the user's task: the data it
-trains and validates on, how completions are rewarded, and where the run is logged
-(`rl.config` gathers every section into a TrainConfig)."""
+"""The data section of a run's configuration: the prompts it trains and validates on, in groups."""
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from specroll.rl.config_io import bound, check
-from specroll.tasks import reward_refs, reward_worker
+from specroll.rl.config.io import bound, check
 from specroll.tasks.arithmetic import LEVELS
 from specroll.tasks.files import check_source
-from specroll.tasks.reward import NEEDS_ANSWER
 
 TEMPLATE_ARGS = ("conversation", "messages", "tokenize", "add_generation_prompt", "return_dict")
 """apply_chat_template arguments the trainer sets itself (not for data.chat_template_kwargs)."""
@@ -48,13 +42,11 @@ def _check_json_size(name: str, value: object, most: int) -> None:
 @dataclass
 class DataConfig:
     """Prompts, groups and validation. Training data is the procedural math task unless
-    `train` (or, as before, `task`) names a file: JSONL, Parquet, or a directory saved by
-    datasets' save_to_disk."""
+    `train` names a file: JSONL, Parquet, or a directory saved by datasets' save_to_disk."""
 
-    task: str = "math"
-    """'math' (procedural arithmetic), or a data file (the older spelling of `train`)."""
     train: str = ""
-    """Training records: a JSONL/Parquet file or a save_to_disk directory ('' = `task`)."""
+    """Training records: a JSONL/Parquet file or a save_to_disk directory ('' = the
+    procedural math task)."""
     val: str = ""
     """Validation records, the same forms; its first `val_size` are used. '' = the training
     file's last val_size records (held out of training), or the math task's own stream."""
@@ -110,21 +102,14 @@ class DataConfig:
             f"data.val_size must be <= {MAX_VAL_SIZE} (one validation rollout per prompt), "
             f"got {self.val_size}",
         )
-        most = MAX_MATH_POOL if not self.train_file else MAX_POOL
+        most = MAX_MATH_POOL if not self.train else MAX_POOL
         check(
             self.pool <= most,
             f"data.pool must be <= {most}"
-            + (" for the math task" if not self.train_file else "")
+            + (" for the math task" if not self.train else "")
             + f" (0 = the whole stream), got {self.pool}",
         )
         bound("data", self, "val_every", 1)
-        if self.task != "math" and not Path(self.task).is_file():
-            raise ValueError(f"data.task must be 'math' or an existing file, got {self.task!r}")
-        check(
-            not (self.train and self.task != "math"),
-            f"data.train={self.train!r} and data.task={self.task!r} both name training "
-            f"data: give it as data.train only (data.task stays 'math')",
-        )
         check_source("data.train", self.train)
         check_source("data.val", self.val)
         for name in ("prompt_key", "answer_key"):
@@ -141,83 +126,3 @@ class DataConfig:
             f"{', '.join(TEMPLATE_ARGS)})",
         )
         _check_json_size("data.chat_template_kwargs", kwargs, MAX_TEMPLATE_KWARGS_BYTES)
-
-    @property
-    def train_file(self) -> str:
-        """The training data file or directory ('' = the procedural math task)."""
-        return self.train or ("" if self.task == "math" else self.task)
-
-
-@dataclass
-class RewardConfig:
-    """What a completion earns: built-in or user reward functions, weighted and summed
-    (README: "Train on your own data"; the signature: `tasks.rewards`)."""
-
-    functions: tuple[str, ...] = ("math",)
-    """Built-ins (math, exact_match, format) or 'path/to/file.py:fn' / 'package.module:fn'
-    with fn(prompt, completion, record) -> float | dict[str, float]. A value (and each
-    component) must be finite and within +-1e6; a dict holds at most 32 components named
-    like identifiers ([A-Za-z_][A-Za-z0-9_.-]*, up to 32 characters). All of them run in
-    one worker process with at most 8 GiB of address space."""
-    weights: tuple[float, ...] = ()
-    """One weight per function (() = all 1), each within +-1e6."""
-    timeout_s: float = 30.0
-    """Seconds a function (built-in or yours) may take on one completion before the step
-    fails (at most 3600); importing a reward module may take this, and at least 30 s."""
-
-    def __post_init__(self) -> None:
-        self.functions = tuple(self.functions)
-        self.weights = tuple(float(w) for w in self.weights)
-        reward_refs.check(self.functions)  # before any model loads; runs no user code
-        check(
-            not self.weights or len(self.weights) == len(self.functions),
-            f"reward.weights must give one weight per reward.functions entry "
-            f"({len(self.functions)}), got {len(self.weights)}",
-        )
-        check(
-            all(math.isfinite(w) and abs(w) <= reward_refs.MAX_REWARD for w in self.weights),
-            f"reward.weights must be finite numbers within +-{reward_refs.MAX_REWARD:g}, got "
-            f"{list(self.weights)}",
-        )
-        bound("reward", self, "timeout_s", 0, above=True)
-        check(
-            self.timeout_s <= reward_worker.MAX_TIMEOUT_S,
-            f"reward.timeout_s must be at most {reward_worker.MAX_TIMEOUT_S:g} (seconds per "
-            f"completion), got {self.timeout_s}",
-        )
-
-    @property
-    def needs_answers(self) -> bool:
-        """Whether a built-in compares with the records' answers (so each needs one)."""
-        return any(f in NEEDS_ANSWER for f in self.functions)
-
-
-@dataclass
-class LogConfig:
-    """Where metrics go."""
-
-    tensorboard: bool = False
-    """Also write TensorBoard events (needs the tensorboard package)."""
-    wandb: bool = False
-    """Also log to Weights & Biases (`pip install specroll[wandb]`; WANDB_MODE=offline
-    writes the run under out_dir/wandb without a network)."""
-    wandb_project: str = "specroll"
-    """The W&B project."""
-    mlflow: bool = False
-    """Also log to MLflow (`pip install specroll[mlflow]`)."""
-    mlflow_uri: str = ""
-    """MLflow tracking URI; '' = a file store in out_dir/mlruns."""
-    mlflow_experiment: str = "specroll"
-    """The MLflow experiment."""
-    run_name: str = ""
-    """The run's name in W&B and MLflow; '' = the name of out_dir."""
-    samples: int = 0
-    """Completions per step written to out_dir/samples.jsonl (and the loggers): prompt,
-    completion, reward, length, acceptance; the same ones for a step every time."""
-
-    def __post_init__(self) -> None:
-        bound("log", self, "samples", 0)
-        check(
-            not self.wandb or bool(self.wandb_project),
-            "log.wandb_project must not be empty when log.wandb=true",
-        )

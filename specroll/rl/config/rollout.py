@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specroll.device import check_device_name, check_dtype_name
-from specroll.rl.config_io import bound, check, one_of
+from specroll.drafting import registry
+from specroll.rl.config.io import bound, check, one_of
 
 ROLLOUT_BACKENDS = ("local", "ray", "vllm")
 """`rollout.backend` values (the modules that build them: `rl.rollout.BACKENDS`)."""
@@ -20,14 +21,16 @@ MAX_TOP_K = 1 << 24
 top-k of the vocabulary's size or more is off), and it must fit an int64 tensor."""
 DEPTHS = ("fixed", "adaptive")
 """`rollout.depth` values."""
-DRAFTERS = ("draft", "history", "history+draft", "eagle3", "mtp", "history+eagle3", "history+mtp")
-"""`rollout.drafter` values: the draft network ('draft': of `draft.kind`; 'eagle3' / 'mtp'
-name the kind), rollout history, or one tree per row from both (`drafters.combined`)."""
-
-
-def drafter_sources(name: str) -> set[str]:
-    """{'history', 'draft'} parts of a `rollout.drafter` value (eagle3 / mtp are 'draft')."""
-    return {"history" if part == "history" else "draft" for part in name.split("+")}
+CHAIN_K = 7
+"""Draft tokens per chain and iteration when `rollout.k` is 0 (the most adaptive depth may
+choose; past a handful a position is rarely accepted)."""
+TREE_NODES = 32
+"""Candidate nodes per tree and iteration when `rollout.k` is 0 (adaptive: the largest of
+1, 2, 4, ... it may choose)."""
+MAX_K = {False: 64, True: 256}
+"""Most draft tokens per chain (positions past a few dozen are almost never accepted, and
+each costs memory and a verification column) and nodes per tree (each a verified token per
+row): hard caps whatever the model; its context window bounds both further (`rl.budget`)."""
 
 
 @dataclass
@@ -42,17 +45,15 @@ class RolloutConfig:
     """Engine cache slots (concurrent rollouts)."""
     speculative: bool = True
     """Generate with the draft (lossless); False = plain autoregressive decoding."""
-    drafter: str = "draft"
-    """What proposes: 'draft' (the draft network of draft.kind, a chain per row; 'eagle3'
-    or 'mtp' say which kind it must be), 'history' (trees from the run's own rollouts:
-    siblings, past epochs; no network), or 'history+draft' (likewise 'history+eagle3',
-    'history+mtp': one tree per row from both, each source weighed by its running
-    acceptance)."""
-    k: int = 7
-    """Draft tokens per speculative iteration (depth='adaptive': the most it may choose)."""
-    nodes: int = 32
-    """Tree drafters (history, history+...): candidate nodes per row and iteration (depth=
-    'adaptive': the largest tree size it may choose, among 1, 2, 4, ...)."""
+    drafter: str = "eagle3"
+    """What proposes (`drafting.registry`): 'eagle3' or 'mtp' (the run's draft network of
+    that kind, a chain per row), 'history' (trees from the run's own rollouts: siblings,
+    past epochs; no network), or 'history+eagle3' / 'history+mtp' (one tree per row from
+    both, each source weighed by its running acceptance)."""
+    k: int = 0
+    """Draft size per row and iteration: a chain's tokens, or a tree drafter's candidate
+    nodes (depth='adaptive': the most it may choose); 0 = the drafter's default (7 tokens,
+    32 nodes; shadow drafters of the other shape take theirs)."""
     spec_max_batch: int = 4
     """depth='fixed': speculate only while at most this many rows are active (CPU
     verification is compute bound at larger batches; see `specroll bench engine`)."""
@@ -91,20 +92,14 @@ class RolloutConfig:
         check(0 < self.top_p <= 1, f"rollout.top_p must be in (0, 1], got {self.top_p}")
         bound("rollout", self, "max_new_tokens", 1)
         bound("rollout", self, "max_batch", 1)
-        bound("rollout", self, "k", 1)
-        bound("rollout", self, "nodes", 1)
-        one_of("rollout", self, "drafter", DRAFTERS)
-        # hard caps whatever the model (its context window bounds both further:
-        # rl.budget); each value sizes engine buffers before a token is generated
+        bound("rollout", self, "k", 0)
+        one_of("rollout", self, "drafter", registry.RUN_DRAFTERS)
+        # each value sizes engine buffers before a token is generated
+        most, what = MAX_K[self.tree], "nodes per tree" if self.tree else "tokens per chain"
         check(
-            self.k <= 64,
-            f"rollout.k must be <= 64 (draft positions past a few dozen are almost never "
-            f"accepted, and each one costs memory and a verification column), got {self.k}",
-        )
-        check(
-            self.nodes <= 256,
-            f"rollout.nodes must be <= 256 (each node is a verified token per row), got "
-            f"{self.nodes}",
+            self.k <= most,
+            f"rollout.k must be <= {most} for rollout.drafter={self.drafter} ({what}; 0 = "
+            f"its default), got {self.k}",
         )
         check(
             self.max_new_tokens <= 1 << 20,
@@ -119,15 +114,20 @@ class RolloutConfig:
 
     @property
     def tree(self) -> bool:
-        """The drafter proposes trees (k is then `nodes`)."""
-        return self.drafter.startswith("history")
+        """The drafter proposes trees (k is then a node count)."""
+        return registry.is_tree(self.drafter)
 
     @property
-    def network(self) -> bool:
-        """The drafter uses the draft network."""
-        return self.drafter != "history"
+    def network(self) -> str | None:
+        """The draft network's kind the drafter uses ('eagle3', 'mtp'), or None."""
+        return registry.network_of(self.drafter)
+
+    def size(self, tree: bool) -> int:
+        """The most draft tokens per row and iteration of a chain (tree=False) or nodes of
+        a tree drafter (`k`, or that shape's default)."""
+        return self.k or (TREE_NODES if tree else CHAIN_K)
 
     @property
     def depth_max(self) -> int:
         """The most draft tokens (chains) or nodes (trees) per row and iteration."""
-        return self.nodes if self.tree else self.k
+        return self.size(self.tree)

@@ -11,8 +11,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from specroll.drafters.eagle3_io import read_config, read_tensors
-from specroll.drafters.mtp import MATRICES, MTPConfig, MTPDraft
+from specroll.drafting.eagle3_io import read_config, read_tensors
+from specroll.drafting.mtp import MATRICES, MTPConfig, MTPDraft
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 from specroll.model.weights import hf_names
