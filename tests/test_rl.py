@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from specroll.rl.algo import advantages as A
 from specroll.rl.algo import loss as L
 from specroll.rl.config import build_config
 from tests.conftest import make_trainer, step_batch
@@ -17,13 +18,13 @@ from tests.conftest import make_trainer, step_batch
 
 def test_group_advantages_by_hand():
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
-    adv = L.group_advantages(r, eps=0.0 + 1e-12)
+    adv = A.group_advantages(r, eps=0.0 + 1e-12)
     assert torch.allclose(adv[0], torch.tensor([1.0, -1.0, -1.0, 1.0]))  # mean .5, std .5
     assert torch.equal(adv[1], torch.zeros(4))
     assert torch.allclose(
-        L.group_advantages(r, scale=False)[0], torch.tensor([0.5, -0.5, -0.5, 0.5])
+        A.group_advantages(r, scale=False)[0], torch.tensor([0.5, -0.5, -0.5, 0.5])
     )
-    assert L.informative_groups(r).tolist() == [True, False]
+    assert A.informative_groups(r).tolist() == [True, False]
 
 
 def test_clipped_objective_clip_higher_by_hand():
@@ -53,9 +54,9 @@ def test_aggregation_token_vs_sequence_level():
 
 
 def test_overlong_penalty_and_kl_by_hand():
-    p = L.overlong_penalty(torch.tensor([10, 90, 95, 100, 120]), max_len=100, buffer=10)
+    p = A.overlong_penalty(torch.tensor([10, 90, 95, 100, 120]), max_len=100, buffer=10)
     assert torch.allclose(p, torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0]))
-    assert torch.equal(L.overlong_penalty(torch.tensor([100]), 100, 0), torch.zeros(1))
+    assert torch.equal(A.overlong_penalty(torch.tensor([100]), 100, 0), torch.zeros(1))
     lp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
     assert L.kl_k3(lp, ref).item() == pytest.approx(0.5 - math.log(0.5) - 1)
     assert L.kl_k3(lp, lp).item() == 0.0
