@@ -57,14 +57,14 @@ def test_the_printed_configuration_is_documented_and_reproduces_the_run(tmp_path
         ("rollout:\n  kk: 3\n", ["unknown config key rollout.kk", "max_new_tokens"]),
         ("rolout:\n  k: 3\n", ["unknown config section 'rolout'"]),
         ("", ["is empty"]),
-        ("rollout:\n  k: 0\n", ["rollout.k must be >= 1"]),
+        ("rollout:\n  k: -1\n", ["rollout.k must be >= 0"]),
     ],
 )
 def test_a_bad_config_file_is_refused_naming_it(tmp_path, capsys, text, needles):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     last = fails_clearly(capsys, ["config", "--preset", "tiny", "--config", str(bad)], *needles)
-    if "k: 0" not in text:  # a value out of range is named by its field
+    if "k: -1" not in text:  # a value out of range is named by its field
         assert str(bad) in last
     fails_clearly(capsys, ["config", "--config", str(tmp_path / "none.yaml")], "does not exist")
 
