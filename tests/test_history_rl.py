@@ -21,13 +21,13 @@ HISTORY = ("rollout.drafter=history", "rollout.k=8", "data.pool=4")
 """The tiny preset drafting from history, its 4 prompts recurring every step."""
 
 
-
 def _comparable(m: dict) -> dict:
     """A step's metrics without its wall-clock figures and the agreement checks (when those
     ran changes what was measured, never what was trained)."""
     timing = ("time", "step_s", "gen_tok_s", "gen_busy_s", "exposed_gen_s")
     checks = ("logprob_check", "logprob_mismatch_mean", "logprob_mismatch_max", "mismatch_kl")
     return {k: v for k, v in m.items() if k not in timing + checks}
+
 
 def _spec_fields(metrics: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if "accept" in k or "draft" in k} for m in metrics]
