@@ -73,7 +73,7 @@ class Uncalibrated(AdaptiveDepth):
         pass
 
     def choose(self, batch_size: int, ctx: float = 0.0) -> int:
-        self._decay(below_prior=True)
+        self.acceptance.relax_later()
         return self.best(batch_size, ctx)
 
 

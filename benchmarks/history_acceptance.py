@@ -25,7 +25,7 @@ import time
 import torch
 
 from specroll.cli import common
-from specroll.drafters.history import HistoryConfig, HistoryDrafter
+from specroll.drafters.history import HistoryDrafter
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.engine.walk import walk
@@ -62,7 +62,7 @@ def main() -> None:
         for spec in args.nodes.split(","):
             chain = spec.endswith("c")
             k = int(spec.rstrip("c"))
-            base = HistoryDrafter(HistoryConfig(chain=chain))
+            base = HistoryDrafter(chain=chain)
             for r in past:
                 base.remember(r.prompt_ids, r.token_ids)
             pred, meas = [], []

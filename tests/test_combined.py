@@ -15,12 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specroll.drafters.base import FormReport
 from specroll.drafters.combined import CombinedDrafter
-from specroll.drafters.history import HistoryConfig, HistoryDrafter
-from specroll.drafters.proposal_choice import CHAIN_UP_TO, PROBE_EVERY, ProposalChoice
+from specroll.drafters.history import HistoryDrafter
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.costmodel import CostModel
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
+from specroll.engine.forms import CHAIN_UP_TO, PROBE_EVERY, FormChoice
 from specroll.spec import tree
 from specroll.spec.sampling import RowSampling
 from tests.conftest import (
@@ -73,7 +74,7 @@ def test_conditional_law_with_the_combined_drafter_and_history_held_fixed(target
     seeds with draft caps 0..3 side by side: the output law is the target's, and
     candidates of both sources were verified and taken."""
     t, k, p = 1.0, 0, 1.0
-    history = HistoryDrafter(HistoryConfig(sources=("prompt", "past")))
+    history = HistoryDrafter(sources=("prompt", "past"))
     for out in _outputs(target, 8, t, seed0=77):
         history.remember(PROMPT, out)
     history.learn = False
@@ -111,38 +112,40 @@ def test_greedy_combined_drafts_are_token_identical_to_plain(target, budget):
     assert kinds.count("chain") <= (1 + len(kinds) // PROBE_EVERY if budget == 2 else 0)
 
 
-def _measured(chain_s: float | None) -> ProposalChoice:
-    """A choice told that at a budget of 1 the chain kept 1.36 tokens per row and the tree
-    1.19 (at 2: 1.5 and 1.3), and — unless `chain_s` is None — that a chain proposal
-    takes `chain_s` seconds, a tree's 0.5 ms and the rest of the iteration 28 ms."""
-    choice = ProposalChoice()
-    choice.small_tokens("chain", [[1.36], [1.5]])
-    choice.small_tokens("tree", [[1.19], [1.3]])
-    if chain_s is not None:
-        choice.small_timed("chain", chain_s, 0.028)
-        choice.small_timed("tree", 0.0005, 0.028)
-    return choice
+def _measured(chain_s: float | None) -> FormChoice:
+    """A form choice told that at a budget of 1 the chain kept 1.36 tokens per row and
+    the tree 1.19 (at 2: 1.5 and 1.3) over 100 rows, and — unless `chain_s` is None —
+    that a chain proposal takes `chain_s` seconds, a tree's 0.5 ms and the rest of the
+    iteration 28 ms."""
+    forms = FormChoice()
+    for kind, counts, seconds in (("chain", [36, 14], chain_s), ("tree", [19, 11], 0.0005)):
+        form = forms.choose(2)  # each tried first while unmeasured
+        assert (form == "chain") == (kind == "chain"), form
+        forms.counted(100, counts)
+        if chain_s is not None:
+            forms.observe(FormReport(), seconds, 0.028)
+    return forms
 
 
 def test_the_small_budget_choice_is_per_second_not_per_token(target):
     """The chain keeps more tokens at a budget of 1, but its network forwards make its
     iterations dearer than the history tree's: per second the tree wins (on a CPU the
     chain's forwards cost a sixth of an iteration here), and the chain again once its
-    proposals are cheap. Both timed by the engine's iterations too, and checkpointed."""
-    assert _measured(chain_s=None).use_chain(1)  # untimed: tokens per row alone
-    assert not _measured(chain_s=0.008).use_chain(1)  # 1.36 / 36 ms < 1.19 / 28.5 ms
-    assert _measured(chain_s=0.002).use_chain(1)  # 1.36 / 30 ms > 1.19 / 28.5 ms
+    proposals are cheap. Timed by the engine's iterations too, and checkpointed."""
+    assert _measured(chain_s=None).choose(1) == "chain"  # untimed: tokens per row alone
+    assert _measured(chain_s=0.008).choose(1) != "chain"  # 1.36 / 36 ms < 1.19 / 28.5 ms
+    assert _measured(chain_s=0.002).choose(1) == "chain"  # 1.36 / 30 ms > 1.19 / 28.5 ms
     reqs = [
         Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(), seed=i))
         for i in range(4)
     ]
-    fresh = _combined(target)
-    Engine(target, EngineConfig(max_batch=4), fresh, FixedDepth(2)).generate(reqs)
-    timed = fresh.state_dict()["small_s"]
+    depth = FixedDepth(2)
+    Engine(target, EngineConfig(max_batch=4), _combined(target), depth).generate(reqs)
+    timed = depth.forms.state_dict()["small_s"]
     assert set(timed) == {"chain", "tree", "rest"} and all(v > 0 for v in timed.values())
-    restored = _combined(target)
-    restored.load_state_dict(fresh.state_dict())
-    assert restored.state_dict()["small_s"] == timed
+    restored = FormChoice()
+    restored.load_state_dict(depth.forms.state_dict())
+    assert restored.state_dict() == depth.forms.state_dict()
 
 
 def test_the_network_is_charged_its_steady_feed_not_a_catch_up(target):
@@ -154,14 +157,51 @@ def test_the_network_is_charged_its_steady_feed_not_a_catch_up(target):
         Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(), seed=i))
         for i in range(4)
     ]
-    drafter = _combined(target)
-    Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(2)).generate(reqs)
-    steady = drafter.state_dict()["feed_s"]  # the engine's steady feeds were timed
-    assert steady > 0
-    assert drafter.choice.fed(0.05, steady=False) == steady  # a catch-up: the steady cost
-    fresh = ProposalChoice()
-    assert fresh.fed(0.05, steady=False) == 0.05  # nothing steady measured yet: as it came
-    assert fresh.fed(0.001, steady=True) == 0.001 and fresh.fed(0.05, steady=False) == 0.001
+    depth = FixedDepth(2)
+    Engine(target, EngineConfig(max_batch=4), _combined(target), depth).generate(reqs)
+    assert depth.forms.state_dict()["feed_s"] > 0  # the engine's steady feeds were timed
+
+    def network_cost(forms: FormChoice, feed: float, steady: bool) -> float:
+        """The network's cost `forms` records for a merged tree fed in `feed` seconds
+        (4 ms more on candidates), from a fresh cost figure."""
+        forms.cost = 0.0
+        forms.choose(8)
+        forms.observe(FormReport(feed=feed, steady=steady, network=feed + 0.004), 0.01, 0.02)
+        return forms.cost
+
+    forms = FormChoice()
+    assert network_cost(forms, 0.05, steady=False) == pytest.approx(0.054)  # as it came
+    assert network_cost(forms, 0.001, steady=True) == pytest.approx(0.005)
+    assert network_cost(forms, 0.05, steady=False) == pytest.approx(0.005)  # steady's price
+
+
+def test_a_checkpoint_keeps_the_forms_figures_with_the_drafters_state(target):
+    """A run's drafter state (what `state.pt` saves) holds the depth policy's figures of
+    the forms beside the history, and restoring it — or a state saved before the forms
+    moved out of the combined drafter, which held them itself — restores both."""
+    from specroll.rl.rollout.local import LocalRollout
+
+    reqs = [
+        Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(), seed=i))
+        for i in range(4)
+    ]
+
+    def rollout() -> LocalRollout:
+        return LocalRollout(
+            Engine(target, EngineConfig(max_batch=4), _combined(target), FixedDepth(2))
+        )
+
+    run = rollout()
+    run.generate(reqs)
+    state = run.drafter_state()
+    assert state["forms"]["feed_s"] > 0 and state["history"]
+    for saved in (state, {k: v for k, v in state.items() if k != "forms"} | state["forms"]):
+        resumed = rollout()
+        resumed.load_drafter_state(saved)
+        again = resumed.drafter_state()
+        for key in ("forms", "taken", "predicted"):
+            assert again[key] == state[key], key
+        assert again["history"].keys() == state["history"].keys()
 
 
 def test_the_combined_drafter_picks_the_source_that_predicts(target):
@@ -173,9 +213,9 @@ def test_the_combined_drafter_picks_the_source_that_predicts(target):
         for i in range(2)
     ]
     greedy = Engine(target, EngineConfig(max_batch=2)).generate(reqs)
-    knows = HistoryDrafter(HistoryConfig(sources=("past",)))
+    knows = HistoryDrafter(sources=("past",))
     knows.remember(PROMPT, greedy[0].token_ids)
-    empty = HistoryDrafter(HistoryConfig(sources=("past",)))
+    empty = HistoryDrafter(sources=("past",))
     for history, source in ((knows, "history"), (empty, "draft")):
         history.learn = False
         drafter = _combined(target, history)
@@ -242,7 +282,7 @@ def test_a_big_trees_node_hits_predict_a_smaller_budgets_tokens(target):
     """The same requests (history held fixed) at a budget of 16 and of 4: what the big
     trees' node hits say 4 nodes would emit per row-iteration is what 4 nodes do."""
     t = 1.0
-    history = HistoryDrafter(HistoryConfig(sources=("prompt", "past")))
+    history = HistoryDrafter(sources=("prompt", "past"))
     for out in _outputs(target, 16, t, seed0=5, tokens=24):
         history.remember(PROMPT, out)
     history.learn = False
@@ -286,7 +326,7 @@ def test_the_network_is_skipped_while_it_brings_less_than_it_costs(target):
     ]
     greedy = Engine(target, EngineConfig(max_batch=2)).generate(reqs)[0].token_ids
     for knows in (True, False):
-        history = HistoryDrafter(HistoryConfig(sources=("past",)))
+        history = HistoryDrafter(sources=("past",))
         if knows:
             history.remember(PROMPT, greedy)
         history.learn = False
@@ -322,11 +362,13 @@ def test_plain_iterations_teach_the_drafter_nothing(target):
         Request(PROMPT, SamplingParams(1.0, max_new_tokens=24, stop_token_ids=(), seed=i))
         for i in range(4)
     ]
-    drafter = _combined(target)
-    Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(8)).generate(reqs)
-    before = drafter.state_dict()
+    drafter, depth = _combined(target), FixedDepth(8)
+    Engine(target, EngineConfig(max_batch=4), drafter, depth).generate(reqs)
+    before = drafter.state_dict() | depth.forms.state_dict()
     assert drafter.predicted["history"] > 0
-    Engine(target, EngineConfig(max_batch=4), drafter, FixedDepth(0)).generate(reqs)
-    after = drafter.state_dict()
+    plain = FixedDepth(0)
+    plain.forms = depth.forms
+    Engine(target, EngineConfig(max_batch=4), drafter, plain).generate(reqs)
+    after = drafter.state_dict() | depth.forms.state_dict()
     for key in ("taken", "predicted", "small"):
         assert after[key] == before[key], key

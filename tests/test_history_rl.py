@@ -11,7 +11,8 @@ import re
 import pytest
 import torch
 
-from specroll.drafters.history import HistoryConfig, HistoryDrafter
+from specroll.drafters import history as history_module
+from specroll.drafters.history import HistoryDrafter
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
 from specroll.rl.config import build_config
@@ -60,8 +61,8 @@ def test_a_resumed_run_drafts_from_the_history_the_interrupted_one_saved(
     resumed = [json.loads(x) for x in lines]
     if drafter == "history":  # drafting is a function of the store: bit for bit
         assert [_comparable(m) for m in resumed] == [_comparable(m) for m in full]
-    else:  # whether the network runs reads wall time (`draft_pays`): the samples are
-        # the same, the drafting statistics need not be
+    else:  # which form fills a budget reads wall time (`engine.forms`): the samples
+        # are the same, the drafting statistics need not be
         def samples(m: dict) -> dict:
             return {k: v for k, v in _comparable(m).items() if k not in SPEC_FIELDS}
 
@@ -98,7 +99,7 @@ def test_a_resume_without_the_history_drafts_differently(tiny_setup, tmp_path, m
     assert _spec_fields(resumed[2:]) != _spec_fields(full[2:])
 
 
-def test_the_history_store_round_trips(tmp_path):
+def test_the_history_store_round_trips(tmp_path, monkeypatch):
     """Save after two calls (siblings, finished rollouts, the cross-prompt window), load
     into a fresh drafter: the next call proposes, accepts and samples identically."""
     target = spec_model(0)
@@ -111,13 +112,14 @@ def test_the_history_store_round_trips(tmp_path):
         ]
         return [Request(prompts[i % 3], p) for i, p in enumerate(params)]
 
-    cfg = HistoryConfig(past=4, window=8, prompts=2)  # every bound is reached
-    a = HistoryDrafter(cfg)
+    for name, bound in (("PAST", 4), ("WINDOW", 8), ("PROMPTS", 2)):  # every bound is reached
+        monkeypatch.setattr(history_module, name, bound)
+    a = HistoryDrafter()
     eng = Engine(target, EngineConfig(max_batch=8), a, FixedDepth(8))
     for seed0 in (100, 200):
         eng.generate(requests(seed0))
     reqs = requests(0)
-    b = HistoryDrafter(cfg)
+    b = HistoryDrafter()
     b.load_state_dict(a.state_dict())
     assert b.state_dict().keys() == a.state_dict().keys()
     out = []

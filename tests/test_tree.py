@@ -25,9 +25,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specroll.drafters import history as history_module
 from specroll.drafters.base import Drafter, Proposal
 from specroll.drafters.candidate_tree import tree_from
-from specroll.drafters.history import HistoryConfig, HistoryDrafter
+from specroll.drafters.history import HistoryDrafter
 from specroll.drafters.suffix_index import SuffixIndex
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth
@@ -143,14 +144,12 @@ def test_one_step_of_the_tree_verifier_draws_plain_decodings_token(t, k, p):
 def test_tree_from_keeps_the_heaviest_nodes_parents_first():
     seqs = [[5, 1, 2, 3], [5, 1, 2, 4], [5, 1, 7, 7], [5, 9, 9, 9]]
     occ = [(s, 1, 1.0) for s in seqs]
-    tokens, parents = tree_from(occ, nodes=4, depth=3, min_prob=0.0)
+    tokens, parents = tree_from(occ, nodes=4, depth=3)
     assert tokens[:3] == [1, 2, 9] or tokens[:2] == [1, 2]
     assert all(p < i + 1 for i, p in enumerate(parents))  # parents come first
     assert tokens[0] == 1 and parents[0] == 0
-    chain_t, chain_p = tree_from(occ, nodes=8, depth=3, min_prob=0.0, chain=True)
+    chain_t, chain_p = tree_from(occ, nodes=8, depth=3, chain=True)
     assert chain_t == [1, 2, 3] and chain_p == [0, 1, 2]
-    pruned, _ = tree_from(occ, nodes=8, depth=3, min_prob=0.5)
-    assert pruned == [1, 2]  # 3/4 and 2/4 of the weight; nothing else reaches 1/2
 
 
 def test_suffix_index_finds_latest_occurrences_and_forgets_dropped_ones():
@@ -164,13 +163,9 @@ def test_suffix_index_finds_latest_occurrences_and_forgets_dropped_ones():
     assert idx.find((1, 2), limit=8, skip={1}) == []
 
 
-def test_history_config_names_the_field_and_the_allowed_values():
-    with pytest.raises(ValueError, match="history.sources.*prompt, siblings, past, others"):
-        HistoryConfig(sources=("past", "future"))
-    with pytest.raises(ValueError, match="history.max_depth must be >= 1"):
-        HistoryConfig(max_depth=0)
-    with pytest.raises(ValueError, match=r"history.min_prob must be in \[0, 1\)"):
-        HistoryConfig(min_prob=1.0)
+def test_history_sources_name_the_allowed_values():
+    with pytest.raises(ValueError, match="history sources.*prompt, siblings, past, others"):
+        HistoryDrafter(sources=("past", "future"))
 
 
 # ------------------------------------------------------------------ through the engine
@@ -352,10 +347,11 @@ def test_the_history_drafter_gives_plain_decodings_tokens(target, monkeypatch, h
     seed, whatever the history holds, so it is a fresh sample from the policy given its
     prefix (the conditional law, not just the marginal)."""
     if held:
-        drafter = HistoryDrafter(HistoryConfig(sources=("prompt", "past")))
+        drafter = HistoryDrafter(sources=("prompt", "past"))
         olds = _old_outputs(target, 8, t, k, p, seed0=77)
     else:
-        drafter = HistoryDrafter(HistoryConfig(past=64))
+        monkeypatch.setattr(history_module, "PAST", 64)
+        drafter = HistoryDrafter()
         olds = _old_outputs(target, 32, t, k, p, seed0=10**6)
     for out in olds:
         drafter.remember(PROMPT, out)
@@ -521,14 +517,16 @@ def test_greedy_history_trees_are_token_identical_to_plain(target):
     assert engine.stats.acceptance_length > 4  # greedy repeats itself: history has it all
 
 
-def test_the_walk_along_the_engines_samples_is_the_engines_run(target):
+def test_the_walk_along_the_engines_samples_is_the_engines_run(target, monkeypatch):
     """`engine.walk` predicts acceptance without a forward; along the engine's own
     samples it is the engine's run, iteration for iteration (groups of 8 siblings, a
     remembered past, rows finishing at different times)."""
     from specroll.engine.walk import walk
 
+    monkeypatch.setattr(history_module, "PAST", 8)
+
     def drafter() -> HistoryDrafter:
-        d = HistoryDrafter(HistoryConfig(past=8))
+        d = HistoryDrafter()
         for out in _old_outputs(target, 8, 1.0, 0, 1.0, seed0=5):
             d.remember(PROMPT, out)
         return d
@@ -553,8 +551,10 @@ def test_the_walk_along_the_engines_samples_is_the_engines_run(target):
     )
 
 
-def test_the_history_keeps_a_bounded_number_of_prompts_and_rollouts():
-    d = HistoryDrafter(HistoryConfig(past=2, prompts=3, window=4))
+def test_the_history_keeps_a_bounded_number_of_prompts_and_rollouts(monkeypatch):
+    for name, bound in (("PAST", 2), ("PROMPTS", 3), ("WINDOW", 4)):
+        monkeypatch.setattr(history_module, name, bound)
+    d = HistoryDrafter()
     for p in range(5):
         for r in range(3):
             d.remember([100 + p, 1, 2], [p, r, 7, 7])

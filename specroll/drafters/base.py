@@ -10,7 +10,8 @@ Per generate() call the engine calls, in order:
   prefill(start, seqs, hidden)         rows start.. were just admitted: seqs[r] = prompt +
                                        the first generated token; hidden = target states
                                        over the prompt positions
-  propose(batch) -> Proposal           once per speculative iteration (k >= 1)
+  propose(batch) -> Proposal           once per speculative iteration (k >= 1); a
+                                       drafter with `forms` makes the one batch.form names
   commit(B, pos_before, num_new, hidden, history)
                                        after every target forward: num_new[b] tokens of
                                        row b entered the target cache at pos_before[b]..
@@ -19,6 +20,8 @@ Per generate() call the engine calls, in order:
                                        kept (commit saw all that entered the cache, which
                                        may run past a stop token); before any move
   move(src, dst)                       row src now lives in slot dst (compaction)
+  report() -> FormReport | None        after a commit that followed a proposal: what a
+                                       drafter with `forms` measured of it
 
 Devices and dtypes: a drafter works on the device of the tensors the engine hands it
 (its network's, which the engine's model shares) and makes its own state there; a draft
@@ -57,6 +60,27 @@ class DraftBatch:
     """[B] request seeds (for rng.DRAFT)."""
     n_gen: torch.Tensor
     """[B] tokens generated so far: draft i of row b is generated token n_gen[b] + i."""
+    form: str | None = None
+    """Which of its `Drafter.forms` a drafter that has several makes (`engine.forms`);
+    None: its first."""
+
+
+@dataclass
+class FormReport:
+    """What a drafter with `forms` measured inside its last proposal, for the engine's
+    choice of form (`engine.forms`). Seconds are wall time; None: it did not happen."""
+
+    feed: float | None = None
+    """Seconds of feeding the draft network the rows' pending pairs."""
+    steady: bool = False
+    """That feed held at most one iteration's pairs (not a catch-up after skipped ones)."""
+    network: float | None = None
+    """Seconds of the network's part of a merged tree, its feed included."""
+    tokens: float | None = None
+    """Tokens per row that a tree emitted (its rows with candidates)."""
+    gain: float | None = None
+    """... of which the network's candidates alone brought (what followed the walk's
+    first step through one of them)."""
 
 
 @dataclass
@@ -90,6 +114,9 @@ class Drafter:
     watch_collapse = True
     """The engine warns when this drafter's first tokens stop being accepted (a stale or
     corrupt draft); False for drafters whose misses are no fault (history)."""
+    forms: tuple[str, ...] = ()
+    """The proposal forms the engine's depth policy chooses between (`engine.forms`);
+    empty: the drafter proposes in one form."""
 
     def start(self, num_slots: int, max_len: int) -> None:
         pass
@@ -115,6 +142,10 @@ class Drafter:
 
     def move(self, src: int, dst: int) -> None:
         pass
+
+    def report(self) -> FormReport | None:
+        """What the last proposal measured (drafters with `forms`)."""
+        return None
 
     def warm(self) -> None:
         """Build whatever the network caches from its weights (prepacked copies) now,

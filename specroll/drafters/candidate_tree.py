@@ -55,7 +55,6 @@ def tree_from(
     occurrences: list[Occurrence],
     nodes: int,
     depth: int,
-    min_prob: float,
     chain: bool = False,
 ) -> tuple[list[int], list[int]]:
     """Merge what followed each occurrence (sequence, start, weight) into a trie and keep
@@ -75,8 +74,6 @@ def tree_from(
         if chain and items:
             items = [max(items, key=lambda kv: kv[1][0])]
         for tok, (w, children) in items:
-            if w < min_prob * total:
-                continue
             found.append((-w, d + 1, len(found), tok, parent))
             stack.append((children, d + 1, len(found) - 1))
     found.sort()

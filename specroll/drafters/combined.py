@@ -19,26 +19,21 @@ were taken to what it predicted for them (verified nodes whose parent the walk r
 learnt in `commit` from the tokens that were kept). A node both sources propose takes
 the larger estimate. The heaviest nodes (the engine's node budget, within the row's
 depth cap) are proposed best first, parents before children (`drafters.candidate_tree`,
-shared with the history drafter). A budget of at most
-`CHAIN_UP_TO` nodes may draft the network's *sampled* chain instead: the q-ratio test
-keeps more of a draft than deterministic candidates keep of the same count, when the
-network predicts well; when history does (recurring prompts) its top candidates keep
-far more. Which one, is measured: each one's tokens per row at each small budget (a
-tree's for every budget up to the one it was verified at, from the index of the nodes
-on the accepted path) over the seconds of an iteration drafting it (the kind's own
-proposal time plus the rest of a small-budget iteration, which both share: the chain
-runs the network once per token, a history tree builds a trie on the host), the faster
-one drafted and the other probed every `PROBE_EVERY` such iterations.
-So the drafter picks itself, from running statistics: per row, a row whose
-history matches well gets history's continuations, a row without matches the draft's,
-rows in between a mix; per iteration, whether the network runs at all — only while the
-share of the tokens its candidates alone brought is at least the share of the
-iteration its forwards take (on a CPU, where a draft forward is dear, history alone
-often wins). Those two choices — network or not, chain or tree — are made by one
-controller, `drafters.proposal_choice.ProposalChoice` (`self.choice`), to which this
-drafter reports what it measured; the engine's adaptive tree size (`engine.depth`,
-`tree=True`) picks the budget from those trees' measured acceptance and the cost of
-verifying them.
+shared with the history drafter).
+
+The budget can be filled in three forms (`forms`): the merged tree; history's tree
+alone, the network's forwards skipped (on a CPU, where a draft forward is dear, history
+alone often wins); and at a small budget (`engine.forms.CHAIN_UP_TO`) the network's
+*sampled* chain
+(the q-ratio test keeps more of a draft than deterministic candidates keep of the same
+count, when the network predicts well; when history does, its top candidates keep far
+more). Which one is not this drafter's decision: the engine's depth policy makes it with
+the budget, on the tokens per second each form measured (`engine.forms`), and this
+drafter reports what it measured inside a proposal (`report`: the network's feed and
+forwards, and the tokens its candidates alone brought). So the drafter picks its sources
+per row from running statistics — a row whose history matches well gets history's
+continuations, a row without matches the draft's, rows in between a mix — and the one
+controller picks the rest.
 
 The tree is verified by `spec.tree`: any deterministic candidates are lossless, so the
 mix never changes what a row samples.
@@ -50,7 +45,7 @@ import time
 
 import torch
 
-from specroll.drafters.base import DraftBatch, Drafter, FeatureDrafter, Proposal
+from specroll.drafters.base import DraftBatch, Drafter, FeatureDrafter, FormReport, Proposal
 from specroll.drafters.candidate_tree import (
     Node,
     add_path,
@@ -59,8 +54,7 @@ from specroll.drafters.candidate_tree import (
     proposal,
     tree_of,
 )
-from specroll.drafters.history import HistoryDrafter
-from specroll.drafters.proposal_choice import CHAIN_UP_TO, DECAY, ProposalChoice
+from specroll.drafters.history import MAX_DEPTH, HistoryDrafter
 
 SOURCES = ("history", "draft")
 """Calibration keys: the history drafter, the draft network."""
@@ -70,6 +64,8 @@ DRAFT_WIDTH = 3
 """Candidates per position of that path: the path's token and the next likeliest."""
 PRIOR = 4.0
 """Pseudo-count of the calibration prior (each source taken at its word)."""
+DECAY = 0.99
+"""Decay per iteration of the calibration counts."""
 
 
 class CombinedDrafter(Drafter):
@@ -77,6 +73,7 @@ class CombinedDrafter(Drafter):
 
     tree = True
     watch_collapse = False
+    forms = ("merged", "history", "chain")
 
     def __init__(self, history: HistoryDrafter, draft: FeatureDrafter) -> None:
         self.history, self.draft = history, draft
@@ -87,11 +84,8 @@ class CombinedDrafter(Drafter):
         """Decayed count of verified candidates of each source that were taken."""
         self.predicted = dict.fromkeys(SOURCES, 0.0)
         """Decayed sum of the conditional estimates of those candidates."""
-        self.choice = ProposalChoice()
-        """Network or not, chain or tree: what fills the engine's budget."""
         self._proposed: list[dict[Node, dict[str, float]] | None] = []
-        self._t_proposed: tuple[str, float, float] | None = None  # kind, its s, end time
-        self._chain_k = self._tree_k = 0
+        self._report: FormReport | None = None  # what this iteration's proposal measured
         self._fresh = False  # proposed this iteration (commit learns only then)
 
     @property
@@ -102,14 +96,12 @@ class CombinedDrafter(Drafter):
     def version(self, v: int) -> None:
         self.draft.version = v
 
-    def _feed_network(self, batch: DraftBatch) -> tuple[float, float]:
-        """Feed the network the rows' pending pairs (`FeatureDrafter.catch_up`) → (the
-        seconds to charge the proposal, `ProposalChoice.fed`; the seconds it took)."""
+    def _feed_network(self, batch: DraftBatch, report: FormReport) -> None:
+        """Feed the network the rows' pending pairs (`FeatureDrafter.catch_up`), timed."""
         t = time.perf_counter()
         most = self.draft.catch_up(batch.last.shape[0], batch.history)
-        seconds = time.perf_counter() - t
-        steady = 0 < most <= DRAFT_DEPTH + 1  # the pairs one iteration adds
-        return self.choice.fed(seconds, steady), seconds
+        report.feed = time.perf_counter() - t
+        report.steady = 0 < most <= DRAFT_DEPTH + 1  # the pairs one iteration adds
 
     def calibration(self, source: str) -> float:
         """Taken / predicted for `source`'s candidates (1 before any evidence)."""
@@ -120,26 +112,27 @@ class CombinedDrafter(Drafter):
         self.history.remember(prompt_ids, output_ids)
 
     def state_dict(self) -> dict:
-        """The history store, the calibration counts and the proposal choice's figures
-        (what a checkpoint saves; the network's weights are saved with the draft)."""
+        """The history store and the calibration counts (what a checkpoint saves; the
+        network's weights are saved with the draft)."""
         return {
             "history": self.history.state_dict(),
             "taken": dict(self.taken),
             "predicted": dict(self.predicted),
-            **self.choice.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.history.load_state_dict(state["history"])
-        self.taken, self.predicted = dict(state["taken"]), dict(state["predicted"])
-        self.choice.load_state_dict(state)
+        self.taken = {s: float(state["taken"][s]) for s in SOURCES}
+        self.predicted = {s: float(state["predicted"][s]) for s in SOURCES}
+
+    def report(self) -> FormReport | None:
+        return self._report
 
     # the engine's hooks: both sources follow every row ---------------------------------
     def start(self, num_slots: int, max_len: int) -> None:
         self.history.start(num_slots, max_len)
         self.draft.start(num_slots, max_len)
         self._proposed = [None] * num_slots
-        self.choice.restart()  # the time between calls is not an iteration
 
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
         self.history.prefill(start, seqs, hidden)
@@ -148,13 +141,11 @@ class CombinedDrafter(Drafter):
     def commit(self, B, pos_before, num_new, hidden, history) -> None:
         if self._fresh:  # a plain iteration (no proposal) says nothing of the last one's
             self._learn(B, pos_before, num_new, history)
+        else:
+            self._report = None
         self._fresh = False
         self.history.commit(B, pos_before, num_new, hidden, history)
         self.draft.commit(B, pos_before, num_new, hidden, history)
-        if self._t_proposed is not None:  # a small budget's iteration: time its parts
-            kind, proposing, end = self._t_proposed
-            self.choice.small_timed(kind, proposing, time.perf_counter() - end)
-            self._t_proposed = None
 
     def release(self, slot: int, generated: int) -> None:
         self.history.release(slot, generated)
@@ -171,50 +162,43 @@ class CombinedDrafter(Drafter):
 
     # proposing -------------------------------------------------------------------------
     def propose(self, batch: DraftBatch) -> Proposal:
-        k = batch.k
-        small = self.choice.small_budget(k)
-        chain = small and self.choice.use_chain(k)  # measured faster
-        t0 = time.perf_counter()
-        out, uncharged = self._chain(batch) if chain else self._tree(batch)
-        if small:
-            end = time.perf_counter()
-            self._t_proposed = ("chain" if chain else "tree", end - t0 - uncharged, end)
-        return out
+        """`batch.form` (None: merged): the network's sampled chain, or a tree of both
+        sources' candidates or of history's alone."""
+        if batch.form not in (None, *self.forms):
+            raise ValueError(f"form must be one of {self.forms}, got {batch.form!r}")
+        self._report, self._fresh = FormReport(), True
+        if batch.form == "chain":
+            return self._chain(batch)
+        return self._tree(batch, network=batch.form != "history")
 
-    def _chain(self, batch: DraftBatch) -> tuple[Proposal, float]:
-        """The network's sampled chain of batch.k tokens, and the feed's seconds not to
-        charge it (`_feed_network`)."""
+    def _chain(self, batch: DraftBatch) -> Proposal:
+        """The network's sampled chain of batch.k tokens."""
         B = batch.last.shape[0]
-        self._chain_k, self._tree_k, self._fresh = batch.k, 0, True
         self._proposed[:B] = [None] * B
-        charged, took = self._feed_network(batch)
-        return self.draft.propose(batch), took - charged
+        self._feed_network(batch, self._report)
+        return self.draft.propose(batch)
 
-    def _tree(self, batch: DraftBatch) -> tuple[Proposal, float]:
-        """The merged tree of batch.k nodes per row (module docstring), and the network
-        feed's seconds not to charge it (`_feed_network`)."""
+    def _tree(self, batch: DraftBatch, network: bool) -> Proposal:
+        """The merged tree of batch.k nodes per row (module docstring); `network`: with
+        the draft network's candidates."""
         B, k = batch.last.shape[0], batch.k
-        max_depth = self.history.config.max_depth
         self.history.sync(B, batch.pos, batch.history)
-        self._chain_k, self._tree_k, self._fresh = 0, k, True
         caps = batch.num_draft.tolist()
         depth = min(DRAFT_DEPTH, k, max(caps, default=0))
-        drafted, now = None, time.perf_counter()
-        self.choice.tree_started(now)
-        uncharged = 0.0
-        if depth > 0 and self.choice.network_pays():
-            charged, took = self._feed_network(batch)
-            uncharged = took - charged
+        drafted = None
+        if depth > 0 and network:
+            now = time.perf_counter()
+            self._feed_network(batch, self._report)
             toks, probs = self.draft.candidates(batch, depth, min(DRAFT_WIDTH, k))  # [B, d, w]
             drafted = (toks.tolist(), probs.tolist())
-            self.choice.network_ran(time.perf_counter() - now - uncharged)
+            self._report.network = time.perf_counter() - now
         c = {s: self.calibration(s) for s in SOURCES}
         tokens = [[0] * k for _ in range(B)]
         parents = [list(range(k)) for _ in range(B)]
         lengths = [0] * B
         for b in range(B):
             self._proposed[b] = None
-            cap = min(caps[b], max_depth if drafted is None else max(max_depth, depth))
+            cap = min(caps[b], MAX_DEPTH if drafted is None else max(MAX_DEPTH, depth))
             if cap <= 0:
                 continue
             est: dict[Node, dict[str, float]] = {}
@@ -228,7 +212,7 @@ class CombinedDrafter(Drafter):
             tokens[b][:n], parents[b][:n] = tree_of(chosen)
             lengths[b] = n
             self._proposed[b] = {node: est[node] for node in chosen}
-        return proposal(tokens, parents, lengths, batch.last.device), uncharged
+        return proposal(tokens, parents, lengths, batch.last.device)
 
     def _learn(self, B: int, pos_before, num_new, history: torch.Tensor) -> None:
         """Calibrate each source on the candidates the walk reached this iteration: the
@@ -240,7 +224,6 @@ class CombinedDrafter(Drafter):
         col = torch.arange(1, width + 1, device=history.device)
         at = (pos_before[:B].unsqueeze(1) + col).clamp(max=history.shape[1] - 1)  # [B, W]
         new, counts = history[:B].gather(1, at).tolist(), num_new.tolist()
-        self._learn_small([new[b][: counts[b]] for b in range(B)])
         rows = [b for b in range(B) if self._proposed[b]]
         if not rows:
             return
@@ -250,7 +233,8 @@ class CombinedDrafter(Drafter):
             kept = new[b][: counts[b]]  # accepted candidates, then the token drawn
             tokens += len(kept)
             gained += self._calibrate(self._proposed[b], kept)
-        self.choice.tokens_brought(tokens / len(rows), gained / len(rows) if drafted else None)
+        self._report.tokens = tokens / len(rows)
+        self._report.gain = gained / len(rows) if drafted else None
 
     def _calibrate(self, est: dict[Node, dict[str, float]], kept: list[int]) -> int:
         """Count one row's reached candidates into the calibration → the tokens only the
@@ -274,25 +258,3 @@ class CombinedDrafter(Drafter):
             if "history" not in est[path]:  # the walk went on through the network's
                 return len(kept) - 1 - depth  # candidate: what followed is its
         return 0
-
-    def _learn_small(self, kept: list[list[int]]) -> None:
-        """Tokens per row each budget m <= `CHAIN_UP_TO` gave (a chain: 1 + its first m
-        drafts accepted) or would have given (a tree verified at a budget of at least m,
-        proposed best first and parents first: 1 + the accepted path's leading nodes
-        numbered m or less). kept[b]: row b's accepted drafts, then the token drawn."""
-        if self._chain_k:
-            kind, upto = "chain", self._chain_k
-            per_m = [[1 + min(len(x) - 1, m) for x in kept] for m in range(1, upto + 1)]
-        else:
-            rows = [b for b in range(len(kept)) if self._proposed[b] is not None]
-            kind, upto = "tree", min(CHAIN_UP_TO, self._tree_k)
-            per_m = [[] for _ in range(upto)]
-            for b in rows:
-                index = {node: i + 1 for i, node in enumerate(self._proposed[b])}
-                x = kept[b]
-                path = [index.get(tuple(x[: j + 1]), 1 << 30) for j in range(len(x) - 1)]
-                for m in range(1, upto + 1):
-                    per_m[m - 1].append(
-                        1 + next((j for j, i in enumerate(path) if i > m), len(path))
-                    )
-        self.choice.small_tokens(kind, per_m)

@@ -6,15 +6,16 @@ that, with no network and no forward: a suffix index (`SuffixIndex`) over
 
 * the row's own prompt and output so far,
 * the live outputs of its siblings (rows with the same prompt, generating now),
-* earlier rollouts of the same prompt (past steps and epochs, `past` per prompt),
-* a window of recent rollouts of other prompts (`window`),
+* earlier rollouts of the same prompt (past steps and epochs, `PAST` per prompt),
+* a window of recent rollouts of other prompts (`WINDOW`),
 
 finds where the row's latest tokens occurred before (longest match first, shorter ones
 filling up to `MATCHES` occurrences), and merges what followed them into a tree of
-candidates scored by frequency (`candidate_tree.tree_from`): the most frequent continuations, best
-first, up to the engine's node budget and `max_depth`, none whose estimated probability
-is under `min_prob`. The size of each iteration's trees follows the matches: the
-proposal is only as wide as its fullest row, so the target scores no padding nodes.
+candidates scored by frequency (`candidate_tree.tree_from`): the most frequent
+continuations, best first, up to the engine's node budget and `MAX_DEPTH`. The size of
+each iteration's trees follows the matches: the proposal is only as wide as its fullest
+row, so the target scores no padding nodes. The bounds are module constants (`PAST`,
+`WINDOW`, `PROMPTS`, `MAX_DEPTH`): no setting reaches them.
 The engine verifies the tree losslessly (`spec.tree`): history tokens are candidates,
 never samples, so no rollout reuses another's randomness.
 
@@ -40,45 +41,16 @@ N_MAX = 8
 """Longest suffix of a row looked up."""
 MATCHES = 16
 """Most earlier occurrences merged into one tree."""
-
-
-@dataclass
-class HistoryConfig:
-    """History drafter settings."""
-
-    max_depth: int = 8
-    """Deepest candidate (tokens past the row's last one)."""
-    min_prob: float = 0.0
-    """Candidates whose estimated probability (frequency along the tree) is below this
-    are not proposed."""
-    past: int = 16
-    """Finished rollouts kept per prompt (past steps and epochs)."""
-    window: int = 256
-    """Finished rollouts of any prompt kept for drafting across prompts."""
-    prompts: int = 128
-    """Prompts whose history is kept; the least recently seen one goes first (its live
-    rows, if any, stay until they finish). Memory: about 1.3 kB per remembered token, so
-    128 prompts x 16 rollouts x 512 tokens is about 1.4 GB at most."""
-    sources: tuple[str, ...] = SOURCES
-    """Which of prompt / siblings / past / others to draft from."""
-    chain: bool = False
-    """Propose one path (the likeliest continuation) instead of a tree."""
-
-    def __post_init__(self) -> None:
-        if self.max_depth < 1:
-            raise ValueError(f"history.max_depth must be >= 1, got {self.max_depth}")
-        for name in ("past", "window", "prompts"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"history.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.min_prob < 1:
-            raise ValueError(f"history.min_prob must be in [0, 1), got {self.min_prob}")
-        self.sources = tuple(self.sources)
-        bad = [s for s in self.sources if s not in SOURCES]
-        if bad or not self.sources:
-            raise ValueError(
-                f"history.sources must be a non-empty subset of {', '.join(SOURCES)}; "
-                f"got {', '.join(self.sources) or 'nothing'}"
-            )
+MAX_DEPTH = 8
+"""Deepest candidate (tokens past the row's last one)."""
+PAST = 16
+"""Finished rollouts kept per prompt (past steps and epochs)."""
+WINDOW = 256
+"""Finished rollouts of any prompt kept for drafting across prompts."""
+PROMPTS = 128
+"""Prompts whose history is kept; the least recently seen one goes first (its live
+rows, if any, stay until they finish). Memory: about 1.3 kB per remembered token, so
+128 prompts x 16 rollouts x 512 tokens is about 1.4 GB at most."""
 
 
 class HistoryDrafter(Drafter):
@@ -88,8 +60,16 @@ class HistoryDrafter(Drafter):
     tree = True
     watch_collapse = False
 
-    def __init__(self, config: HistoryConfig | None = None) -> None:
-        self.config = config or HistoryConfig()
+    def __init__(self, sources: tuple[str, ...] = SOURCES, chain: bool = False) -> None:
+        """sources: which of prompt / siblings / past / others to draft from; chain:
+        propose one path (the likeliest continuation) instead of a tree."""
+        self.sources, self.chain = tuple(sources), chain
+        bad = [s for s in self.sources if s not in SOURCES]
+        if bad or not self.sources:
+            raise ValueError(
+                f"history sources must be a non-empty subset of {', '.join(SOURCES)}; "
+                f"got {', '.join(self.sources) or 'nothing'}"
+            )
         self.prompts: OrderedDict[tuple[int, ...], _Prompt] = OrderedDict()
         self.others = SuffixIndex(N_MAX)
         self.recent: deque[int] = deque()  # finished rollouts in `others`, oldest first
@@ -164,25 +144,24 @@ class HistoryDrafter(Drafter):
 
     def _keep(self, row: _Row, learn: bool) -> None:
         """A finished rollout joins the history (`learn`), or leaves the index."""
-        cfg = self.config
         if not learn:
             row.prompt.live.discard(row.sid)
             row.prompt.index.drop(row.sid)
             return
         prompt = row.prompt
         prompt.live.discard(row.sid)
-        if "past" in cfg.sources and cfg.past > 0:
+        if "past" in self.sources and PAST > 0:
             if row.sid not in prompt.index.seqs:
                 prompt.index.extend(row.sid, row.tokens, len(prompt.ids) - 1)
             prompt.done.append(row.sid)
-            while len(prompt.done) > cfg.past:
+            while len(prompt.done) > PAST:
                 prompt.index.drop(prompt.done.popleft())
         else:
             prompt.index.drop(row.sid)
-        if "others" in cfg.sources and cfg.window > 0:
+        if "others" in self.sources and WINDOW > 0:
             self.others.extend(row.sid, row.tokens, len(prompt.ids) - 1)
             self.recent.append(row.sid)
-            while len(self.recent) > cfg.window:
+            while len(self.recent) > WINDOW:
                 self.others.drop(self.recent.popleft())
 
     def move(self, src: int, dst: int) -> None:
@@ -190,7 +169,6 @@ class HistoryDrafter(Drafter):
 
     def propose(self, batch: DraftBatch) -> Proposal:
         B, k = batch.last.shape[0], batch.k
-        cfg = self.config
         self.sync(B, batch.pos, batch.history)
         caps = batch.num_draft.tolist()
         tokens = [[0] * k for _ in range(B)]
@@ -200,17 +178,17 @@ class HistoryDrafter(Drafter):
             if caps[b] <= 0:
                 continue
             occ = self._occurrences(self.slots[b])
-            toks, pars = tree_from(occ, k, min(cfg.max_depth, caps[b]), cfg.min_prob, cfg.chain)
+            toks, pars = tree_from(occ, k, min(MAX_DEPTH, caps[b]), self.chain)
             n = len(toks)
             tokens[b][:n], parents[b][:n], lengths[b] = toks, pars, n
         return proposal(tokens, parents, lengths, batch.last.device)  # as wide as the fullest row
 
     def continuations(self, slot: int) -> tuple[Trie, float]:
         """The trie of what followed the latest tokens of the row in `slot` (its matches,
-        as `propose` merges them) down to `max_depth`, and its total weight — for a
+        as `propose` merges them) down to `MAX_DEPTH`, and its total weight — for a
         drafter that merges them with other candidates (`drafters.combined`). The row's
         tokens are as of the last `sync`."""
-        return trie(self._occurrences(self.slots[slot]), self.config.max_depth)
+        return trie(self._occurrences(self.slots[slot]), MAX_DEPTH)
 
     # history --------------------------------------------------------------------------
     def remember(self, prompt_ids: list[int], output_ids: list[int]) -> None:
@@ -282,17 +260,16 @@ class HistoryDrafter(Drafter):
     def _occurrences(self, row: _Row) -> list[Occurrence]:
         """Earlier occurrences of the row's latest tokens, longest match first, each
         weighted by its match length (a longer shared context predicts better)."""
-        cfg = self.config
         seq, prompt = row.tokens, row.prompt
         skip: set[int] = set()
-        if "siblings" not in cfg.sources:
+        if "siblings" not in self.sources:
             skip |= prompt.live - {row.sid}
-        if "prompt" not in cfg.sources:
+        if "prompt" not in self.sources:
             skip |= {row.sid, prompt.sid}
         found: list[Occurrence] = []
         seen: set[tuple[int, int]] = set()
         indexes = [prompt.index]
-        if "others" in cfg.sources:
+        if "others" in self.sources:
             indexes.append(self.others)
         for n in range(min(N_MAX, len(seq)), 0, -1):
             suffix = tuple(seq[-n:])
@@ -316,9 +293,9 @@ class HistoryDrafter(Drafter):
         return prompt
 
     def _evict(self) -> None:
-        """Forget the least recently seen prompts beyond `prompts` (not ones being
-        generated): memory is bounded by prompts x (past + live) rollouts, plus `window`."""
-        extra = len(self.prompts) - max(self.config.prompts, 1)
+        """Forget the least recently seen prompts beyond `PROMPTS` (not ones being
+        generated): memory is bounded by PROMPTS x (PAST + live) rollouts, plus `WINDOW`."""
+        extra = len(self.prompts) - max(PROMPTS, 1)
         for ids in list(self.prompts)[:extra] if extra > 0 else ():
             if not self.prompts[ids].live:
                 del self.prompts[ids]

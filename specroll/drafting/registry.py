@@ -112,9 +112,9 @@ def build(spec: str, target: Transformer) -> Drafter:
 
         return NgramDrafter()
     if kind == "history" and path in ("", "chain"):
-        from specroll.drafters.history import HistoryConfig, HistoryDrafter
+        from specroll.drafters.history import HistoryDrafter
 
-        return HistoryDrafter(HistoryConfig(chain=path == "chain"))
+        return HistoryDrafter(chain=path == "chain")
     if kind == "self" and not path:
         from specroll.drafters.draft_model import DraftModelDrafter
 

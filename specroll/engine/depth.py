@@ -9,7 +9,9 @@ was accepted.
 * `DepthPolicy`: what the engine calls — per decode/verify iteration `choose(B, ctx)`,
   then `observe_counts(rows, accepted, tokens)` after verification (when it drafted)
   and `observe_time(B, k, ctx, seconds)` with the iteration's wall time; `k_max` sizes
-  the engine's buffers.
+  the engine's buffers. For a drafter that can fill a budget in several forms, the
+  policy's `forms` (`engine.forms.FormChoice`) chooses the form once the budget is set:
+  one decision, on one objective (tokens per second), by one policy.
 * `FixedDepth`: k while the active batch is at most `max_batch`, else 0.
 * `AdaptiveDepth`: each iteration the k in 0..k_max that maximises expected emitted
   tokens per second, from the acceptance estimate (`engine.acceptance`) and the fitted
@@ -31,6 +33,7 @@ import torch
 
 from specroll.engine.acceptance import PRIOR, AcceptanceEstimate, octave
 from specroll.engine.calibration import TimeCalibration
+from specroll.engine.forms import FormChoice
 
 REFRESH = 64
 """Iterations at a batch octave after which an alternative's time is measured again."""
@@ -50,6 +53,9 @@ rollout: deciding costs ~0.1 ms of Python per iteration, on a GPU ~1 %)."""
 
 class DepthPolicy(Protocol):
     """What the engine asks of a depth policy (module docstring)."""
+
+    forms: FormChoice
+    """How a chosen budget is filled, for a drafter with several forms (`engine.forms`)."""
 
     @property
     def k_max(self) -> int:
@@ -77,6 +83,8 @@ class FixedDepth:
     """Draft tokens per row per iteration."""
     max_batch: int = 1 << 30
     """Largest active batch that still speculates."""
+    forms: FormChoice = field(default_factory=FormChoice, repr=False, compare=False)
+    """How the budget is filled (`engine.forms`; drafters with several forms)."""
 
     def __post_init__(self) -> None:
         if self.k < 0:
@@ -91,11 +99,8 @@ class FixedDepth:
     def choose(self, batch_size: int, ctx: float = 0.0) -> int:
         return self.k if batch_size <= self.max_batch else 0
 
-    def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor) -> None:
-        pass
-
     def observe_counts(self, rows: int, accepted: list[int], tokens: int | None = None) -> None:
-        pass
+        self.forms.counted(rows, accepted)
 
     def observe_time(self, batch_size: int, k: int, ctx: float, seconds: float) -> None:
         pass
@@ -144,6 +149,8 @@ class AdaptiveDepth:
     """Deepest draft considered."""
     tree: bool = False
     """k is a tree's node budget (a tree drafter): see **Trees**."""
+    forms: FormChoice = field(default_factory=FormChoice, repr=False)
+    """How a chosen budget is filled (`engine.forms`; drafters with several forms)."""
     sizes: list[int] = field(init=False, repr=False)
     """The depths (node budgets) considered."""
 
@@ -199,8 +206,10 @@ class AdaptiveDepth:
         self.observe_counts(accepted.shape[0], (accepted[:, :k] & drafted).sum(0).tolist())
 
     def observe_counts(self, rows: int, accepted: list[int], tokens: int | None = None) -> None:
-        """`observe` from host values (`AcceptanceEstimate.observe_counts`)."""
+        """`observe` from host values (`AcceptanceEstimate.observe_counts`; and the
+        forms' small budgets, `FormChoice.counted`)."""
         self.acceptance.observe_counts(rows, accepted, tokens)
+        self.forms.counted(rows, accepted)
 
     # ------------------------------------------------------------------ time
 

@@ -44,6 +44,7 @@ import torch
 
 from specroll.drafters.base import Drafter
 from specroll.engine.depth import DepthPolicy, FixedDepth
+from specroll.engine.forms import FORMS
 from specroll.engine.heap import young_heap_only
 from specroll.engine.iteration import Stepper
 from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
@@ -92,6 +93,8 @@ class Engine(Stepper):
         self.depth = depth if depth is not None else FixedDepth(k=3 if drafter else 0)
         if self.depth.k_max > 0 and drafter is None:
             raise ValueError(f"depth k={self.depth.k_max} needs a drafter")
+        if drafter is not None and not set(drafter.forms) <= set(FORMS):
+            raise ValueError(f"drafter forms must be among {FORMS}, got {drafter.forms}")
         ctx = model.cfg.max_position_embeddings
         if self.depth.k_max >= ctx:  # every slot buffer has k_max columns of slack
             raise ValueError(
@@ -174,6 +177,7 @@ class Engine(Stepper):
         )
         if self.drafter is not None:
             self.drafter.start(self.cache.num_slots, self.cache.max_len)
+            self.depth.forms.restart()  # the time between calls is not an iteration
         self.stats = SpecStats()
         versions = (self.policy_version, None if self.drafter is None else self.drafter.version)
 

@@ -111,8 +111,9 @@ class Stepper:
         num_draft = st.max_draft[:B].clamp(max=k)  # [B] per-request cap, -1 = no cap
         num_draft = torch.where(num_draft < 0, k, num_draft)
         num_draft = torch.minimum(num_draft, st.max_new[:B] - st.n_gen[:B] - 1)
-        drafts, probs, prop = torch.zeros(B, k, **long), None, None
+        drafts, probs, prop, form = torch.zeros(B, k, **long), None, None, None
         if k > 0:
+            form = self.depth.forms.choose(k) if self.drafter.forms else None
             t = time.perf_counter()
             prop = self.drafter.propose(
                 DraftBatch(
@@ -124,9 +125,12 @@ class Stepper:
                     sampling=st.sampling(slice(0, B), range(B)),
                     seed=st.seed[:B],
                     n_gen=st.n_gen[:B],
+                    form=form,
                 )
             )
-            self.stats.draft_s += time.perf_counter() - t
+            t_proposed = time.perf_counter()
+            proposing = t_proposed - t
+            self.stats.draft_s += proposing
             drafts, probs = prop.tokens, prop.probs
             if prop.lengths is not None and prop.parents is None:
                 num_draft = torch.minimum(num_draft, prop.lengths)
@@ -155,6 +159,9 @@ class Stepper:
             t = time.perf_counter()
             self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, hidden, st.history)
             self.stats.draft_s += time.perf_counter() - t
+        if form is not None:  # what the form measured: its proposal, the rest of the iteration
+            rest = time.perf_counter() - t_proposed
+            self.depth.forms.observe(self.drafter.report(), proposing, rest)
         self.depth.observe_time(B, k, mean_ctx, time.perf_counter() - t_iter)
         return emitted
 

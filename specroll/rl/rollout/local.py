@@ -162,11 +162,23 @@ class LocalRollout(RolloutBackend):
                 history.load_state_dict(now)
 
     def drafter_state(self) -> dict | None:
+        """The drafter's state, and for a drafter with forms the depth policy's figures
+        of them (`engine.forms`), which steer how it drafts."""
         d = self.engine.drafter
-        return d.state_dict() if d is not None and hasattr(d, "state_dict") else None
+        if d is None or not hasattr(d, "state_dict"):
+            return None
+        state = d.state_dict()
+        if d.forms:
+            state["forms"] = self.engine.depth.forms.state_dict()
+        return state
 
     def load_drafter_state(self, state: dict) -> None:
-        self.engine.drafter.load_state_dict(state)
+        d = self.engine.drafter
+        d.load_state_dict(state)
+        if d.forms:  # (a checkpoint from before the forms moved kept them in the drafter's)
+            forms = state.get("forms", state if "network" in state else None)
+            if forms is not None:
+                self.engine.depth.forms.load_state_dict(forms)
 
 
 def build(
