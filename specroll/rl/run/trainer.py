@@ -117,10 +117,10 @@ class Trainer:
         t["gen"] += groups.seconds["gen"]  # refill rounds generate within the reward stage
         t["reward"] -= groups.seconds["gen"]
         self._check_stop()
-        batch = self._batch(groups)
+        batch, masked = self._batch(groups)
         old = self._timed(t, "logprob", self._logprob, batch)
         self._check_stop()
-        train_metrics = self._timed(t, "train", self._train, batch, old)
+        train_metrics = self._timed(t, "train", self._train, batch, old, masked)
         self._timed(t, "prepare", self._prepare)
         return self._metrics(t, problems, groups, lag, train_metrics)
 
@@ -168,21 +168,22 @@ class Trainer:
             groups = refill(cfg, self.task, s, self.rollout.generate, groups)
         return groups
 
-    def _batch(self, groups: StepGroups) -> tuple[Batch, torch.Tensor] | None:
+    def _batch(self, groups: StepGroups) -> tuple[tuple[Batch, torch.Tensor] | None, int | None]:
         """The rollouts trained on — kept groups, less cut responses with overlong
         filtering (`loss.mask_truncated`) — and which of them the current policy generated
-        ([N] bool); None when none is left."""
+        ([N] bool), None when none is left; and how many cut responses overlong filtering
+        masked (None: it is off)."""
         G, results = self.cfg.data.group_size, groups.results
         rows = [i for i in range(len(results)) if bool(groups.keep[i // G])]
-        self._masked = None
+        masked = None
         if self.cfg.loss.mask_truncated:  # overlong filtering: a cut response adds no loss
-            self._masked = sum(results[i].finish_reason != "stop" for i in rows)
+            masked = sum(results[i].finish_reason != "stop" for i in rows)
             rows = [i for i in rows if results[i].finish_reason == "stop"]
         if not rows:
-            return None
+            return None, masked
         batch = Batch.from_results([results[i] for i in rows], groups.advantages.view(-1)[rows])
         fresh = torch.tensor([results[i].policy_version == self.step for i in rows], device="cpu")
-        return batch, fresh
+        return (batch, fresh), masked
 
     def _logprob(self, batch: tuple[Batch, torch.Tensor] | None) -> tuple | None:
         """The old (and reference) log-probs of the batch and their stats
@@ -191,11 +192,13 @@ class Trainer:
             return None
         return self.old_logprobs(self.host.logprobs, *batch, self.step)
 
-    def _train(self, batch: tuple[Batch, torch.Tensor] | None, old: tuple | None) -> dict:
-        """The policy and draft update; the learner's metrics."""
+    def _train(
+        self, batch: tuple[Batch, torch.Tensor] | None, old: tuple | None, masked: int | None
+    ) -> dict:
+        """The policy and draft update; the learner's metrics (with `masked`, `_batch`'s)."""
         m: dict = {"lr": lr_at(self.cfg.policy, self.step, self.cfg.pipeline.steps)}
-        if self._masked is not None:
-            m["masked_truncated"] = self._masked
+        if masked is not None:
+            m["masked_truncated"] = masked
         if batch is not None:
             old_lp, ref, stats = old
             m.update(stats)
