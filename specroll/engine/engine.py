@@ -93,14 +93,16 @@ class Engine(Stepper):
         self.depth = depth if depth is not None else FixedDepth(k=3 if drafter else 0)
         if self.depth.k_max > 0 and drafter is None:
             raise ValueError(f"depth k={self.depth.k_max} needs a drafter")
-        if drafter is not None and not set(drafter.forms) <= set(FORMS):
-            raise ValueError(f"drafter forms must be among {FORMS}, got {drafter.forms}")
         ctx = model.cfg.max_position_embeddings
         if self.depth.k_max >= ctx:  # every slot buffer has k_max columns of slack
             raise ValueError(
                 f"depth k={self.depth.k_max} cannot fit the context window of {ctx} "
                 f"positions (a row's k + 1 candidates need k + 1 of them); at most {ctx - 1}"
             )
+        self.forms = tuple(getattr(drafter, "forms", ()))
+        """The proposal forms the depth policy chooses between (`engine.forms`)."""
+        if not set(self.forms) <= set(FORMS):
+            raise ValueError(f"drafter forms must be among {FORMS}, got {self.forms}")
         self.stats = SpecStats()
         self._collapse = CollapseDetector()
         self.policy_version = 0

@@ -41,6 +41,7 @@ class Stepper:
     cache: KVCache | None
     drafter: Drafter | None
     depth: DepthPolicy
+    forms: tuple[str, ...]
     stats: SpecStats
     _collapse: CollapseDetector
 
@@ -113,7 +114,7 @@ class Stepper:
         num_draft = torch.minimum(num_draft, st.max_new[:B] - st.n_gen[:B] - 1)
         drafts, probs, prop, form = torch.zeros(B, k, **long), None, None, None
         if k > 0:
-            form = self.depth.forms.choose(k) if self.drafter.forms else None
+            form = self.depth.forms.choose(k) if self.forms else None
             t = time.perf_counter()
             prop = self.drafter.propose(
                 DraftBatch(
