@@ -70,6 +70,8 @@ class FormReport:
     """What a drafter with `forms` measured inside its last proposal, for the engine's
     choice of form (`engine.forms`). Seconds are wall time; None: it did not happen."""
 
+    room: bool = False
+    """Some row could draft (a cap above 0): the choice of form made a difference."""
     feed: float | None = None
     """Seconds of feeding the draft network the rows' pending pairs."""
     steady: bool = False

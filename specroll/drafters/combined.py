@@ -185,6 +185,7 @@ class CombinedDrafter(Drafter):
         self.history.sync(B, batch.pos, batch.history)
         caps = batch.num_draft.tolist()
         depth = min(DRAFT_DEPTH, k, max(caps, default=0))
+        self._report.room = depth > 0
         drafted = None
         if depth > 0 and network:
             now = time.perf_counter()

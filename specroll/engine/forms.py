@@ -70,7 +70,8 @@ class FormChoice:
         # row its candidates alone brought, tokens per row, its seconds, the iteration's
         self.gain = self.tokens = self.cost = self.period = 0.0
         self._last_t: float | None = None
-        self._skipped = 0
+        self._skipped = 0  # tree iterations the network was skipped in (the probe clock)
+        self._skips = 0  # ... after this iteration's choice, if some row could draft
         # small budgets: decayed tokens per row the chain / the tree gave at budget m
         # (index m - 1), their proposals' seconds and the rest of such an iteration's
         self.small = {kind: [0.0] * CHAIN_UP_TO for kind in KINDS}
@@ -99,13 +100,17 @@ class FormChoice:
         return form
 
     def _network_pays(self) -> bool:
+        """Merged rather than history alone? The probe clock moves in `observe`, and only
+        for an iteration in which some row could draft (`FormReport.room`): one in which
+        none could says nothing of the network."""
+        self._skips = self._skipped
         if self.period <= 0 or self.tokens <= 0:
             return True
         if self.gain / self.tokens >= self.cost / self.period:
-            self._skipped = 0
+            self._skips = 0
             return True
-        self._skipped += 1
-        return self._skipped % PROBE_EVERY == 0
+        self._skips += 1
+        return self._skips % PROBE_EVERY == 0
 
     def _chain_pays(self, k: int) -> bool:
         chain, tree = self.small["chain"][k - 1], self.small["tree"][k - 1]
@@ -140,6 +145,8 @@ class FormChoice:
         form, k = self._asked
         self._asked = None
         report = report or FormReport()
+        if report.room and form != "chain":
+            self._skipped = self._skips
         uncharged = 0.0  # a feed's seconds above what is charged for it (`_charged`)
         if report.feed is not None:
             uncharged = report.feed - self._charged(report.feed, report.steady)
