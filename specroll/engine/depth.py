@@ -83,7 +83,7 @@ class FixedDepth:
     """Draft tokens per row per iteration."""
     max_batch: int = 1 << 30
     """Largest active batch that still speculates."""
-    forms: FormChoice = field(default_factory=FormChoice, repr=False, compare=False)
+    forms: FormChoice = field(default_factory=FormChoice, init=False, repr=False, compare=False)
     """How the budget is filled (`engine.forms`; drafters with several forms)."""
 
     def __post_init__(self) -> None:
@@ -149,7 +149,7 @@ class AdaptiveDepth:
     """Deepest draft considered."""
     tree: bool = False
     """k is a tree's node budget (a tree drafter): see **Trees**."""
-    forms: FormChoice = field(default_factory=FormChoice, repr=False)
+    forms: FormChoice = field(default_factory=FormChoice, init=False, repr=False)
     """How a chosen budget is filled (`engine.forms`; drafters with several forms)."""
     sizes: list[int] = field(init=False, repr=False)
     """The depths (node budgets) considered."""
