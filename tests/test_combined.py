@@ -1,8 +1,10 @@
 """The combined drafter (history + a draft network) and adaptive tree size.
 
-* the conditional case for the combined drafter: history held fixed, fresh seeds, the
-  joint law of three tokens is the target's (chi-square, the suite's method and
-  thresholds), with candidates of both sources taken;
+* the conditional case for the combined drafter: history held fixed, fresh seeds, every
+  rollout is plain decoding's for its seed (deterministic, as for the history drafter in
+  `tests.test_tree`), with candidates of both sources taken; under -m slow, with the
+  history learning and the sampled chain at a budget of 2, the joint law of three tokens
+  is the target's (chi-square, the suite's method and thresholds);
 * greedy: token-identical to plain decoding;
 * it picks itself: a history that knows the answers wins the tree, an empty one leaves
   it to the draft network;
@@ -35,6 +37,7 @@ from tests.conftest import (
     spec_model,
     tv_shifted,
 )
+from tests.test_tree import N_DET, _assert_plain_tokens, _requests
 
 
 @pytest.fixture(scope="module")
@@ -69,24 +72,24 @@ def _outputs(target, n: int, t: float, seed0: int, tokens: int = 5) -> list[list
     return [r.token_ids for r in engine.generate([Request(PROMPT, q) for q in params])]
 
 
-def test_conditional_law_with_the_combined_drafter_and_history_held_fixed(target):
-    """8 old rollouts held fixed, a random-init EAGLE-3 head, trees of 16 nodes, 30k fresh
-    seeds with draft caps 0..3 side by side: the output law is the target's, and
-    candidates of both sources were verified and taken."""
+def test_the_combined_drafter_gives_plain_decodings_tokens(target, monkeypatch):
+    """8 old rollouts held fixed, a random-init EAGLE-3 head, merged trees of 16 nodes,
+    fresh seeds with draft caps 0..2 and uncapped side by side: every rollout is plain
+    decoding's draw for its own seed (but for a rounding flip at a CDF boundary,
+    `tests.test_tree._assert_plain_tokens`), whatever the trees hold — so a fresh sample
+    of the policy given its prefix (the conditional law) — and candidates of both
+    sources were verified and taken."""
     t, k, p = 1.0, 0, 1.0
     history = HistoryDrafter(sources=("prompt", "past"))
     for out in _outputs(target, 8, t, seed0=77):
         history.remember(PROMPT, out)
     history.learn = False
     drafter = _combined(target, history)
-    engine = Engine(target, EngineConfig(max_batch=512), drafter, FixedDepth(16))
-    counts = sample_joint(engine, JOINT_SAMPLES, t, k, p, mixed=True)
-    assert engine.stats.accepted_tokens > JOINT_SAMPLES // 8
+    engine = Engine(target, EngineConfig(max_batch=N_DET), drafter, FixedDepth(16))
+    _assert_plain_tokens(target, engine, _requests(t, k, p, N_DET, 16), monkeypatch)
+    assert engine.stats.accepted_tokens > N_DET
     for source in ("history", "draft"):
         assert drafter.taken[source] > 0 and drafter.predicted[source] > 0, source
-    exact = exact_joint(target, t, k, p)
-    assert chi2_pvalue(counts, exact) > 1e-4
-    assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
 
 
 @pytest.mark.parametrize("budget", [2, 12])
