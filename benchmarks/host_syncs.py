@@ -16,8 +16,10 @@ from collections import Counter
 
 import torch
 
+from specroll.drafters.combined import CombinedDrafter
 from specroll.drafters.draft_model import DraftModelDrafter
 from specroll.drafters.eagle3 import Eagle3Drafter
+from specroll.drafters.history import HistoryDrafter
 from specroll.drafters.mtp import MTPDrafter
 from specroll.drafters.ngram import NgramDrafter
 from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
@@ -44,16 +46,20 @@ def model(seed: int = 0) -> Transformer:
 
 
 def drafters(target: Transformer) -> dict:
+    def eagle3() -> Eagle3Drafter:
+        head = Eagle3Head(Eagle3Config.for_target(target.cfg, 12), embed=target)
+        return Eagle3Drafter(head.init_weights(3, 0.3))
+
     return {
         "plain": lambda: None,
         "ngram": lambda: NgramDrafter(n_max=2),
         "draft_model": lambda: DraftModelDrafter(model(1)),
-        "eagle3": lambda: Eagle3Drafter(
-            Eagle3Head(Eagle3Config.for_target(target.cfg, 12), embed=target).init_weights(3, 0.3)
-        ),
+        "eagle3": eagle3,
         "mtp": lambda: MTPDrafter(
             MTPDraft(MTPConfig.for_target(target.cfg, num_mtp=2), target).init_weights(4, 0.3)
         ),
+        "history": HistoryDrafter,
+        "combined": lambda: CombinedDrafter(HistoryDrafter(), eagle3()),
     }
 
 
@@ -76,14 +82,17 @@ def count(engine: Engine) -> dict:
     per_step: list[int] = []
     per_prefill: list[int] = []
     by_call: Counter[str] = Counter()
+    sites: Counter[str] = Counter()
     step, prefill = engine._step, engine._prefill
 
     def counted(fn, into):
         def run(*a, **kw):
-            with HostSyncs() as s:
+            with HostSyncs(sites=True) as s:
                 out = fn(*a, **kw)
             into.append(s.total)
             by_call.update(s.by_call)
+            if into is per_step:
+                sites.update(s.sites)
             return out
 
         return run
@@ -101,6 +110,7 @@ def count(engine: Engine) -> dict:
         "syncs_per_prefill_median": statistics.median(per_prefill),
         "syncs_per_generate": whole.total,
         "step_by_call": dict(sorted(by_call.items())),
+        "step_sites": {site: round(n / iters, 2) for site, n in sorted(sites.items())},
     }
 
 
@@ -110,7 +120,8 @@ def main() -> None:
     out = {}
     for name, make in drafters(target).items():
         d = make()
-        depth = FixedDepth(k=3, max_batch=64) if d is not None else None
+        k = 8 if d is not None and d.tree else 3  # a tree's budget is its node count
+        depth = FixedDepth(k=k, max_batch=64) if d is not None else None
         out[name] = count(Engine(target, EngineConfig(max_batch=8), d, depth))
         r = out[name]
         print(
@@ -118,7 +129,7 @@ def main() -> None:
             f"{r['syncs_per_iteration_median']}, max {r['syncs_per_iteration_max']}  "
             f"prefill {r['syncs_per_prefill_median']}  by call {r['step_by_call']}"
         )
-    config = {"model": "random 4x32, vocab 64", "requests": 12, "max_batch": 8, "k": 3}
+    config = {"model": "random 4x32, vocab 64", "requests": 12, "max_batch": 8, "k": 3, "nodes": 8}
     print(json.dumps({"config": config, "results": out}))
 
 
