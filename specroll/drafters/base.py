@@ -60,6 +60,9 @@ class DraftBatch:
     """[B] request seeds (for rng.DRAFT)."""
     n_gen: torch.Tensor
     """[B] tokens generated so far: draft i of row b is generated token n_gen[b] + i."""
+    max_pos: int | None = None
+    """max(pos) as the host already knows it (the engine's mirror), so that a drafter
+    need not read it back from the device; None: unknown."""
     form: str | None = None
     """Which of its `Drafter.forms` a drafter that has several makes (`engine.forms`);
     None: its first."""

@@ -74,8 +74,9 @@ class DraftModelDrafter(Drafter):
             tokens.append(tok)
             probs.append(q)
             if i + 1 < k:
+                top = None if batch.max_pos is None else batch.max_pos + 1 + i  # no read-back
                 logits = self.model(
-                    tok.unsqueeze(1), positions=batch.pos + 1 + i, cache=self.cache
+                    tok.unsqueeze(1), positions=batch.pos + 1 + i, cache=self.cache, max_start=top
                 ).logits[:, 0]
         self._proposed = (batch.pos.clone(), k)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))

@@ -25,7 +25,7 @@ class NgramDrafter(Drafter):
     def propose(self, batch: DraftBatch) -> Proposal:
         B, k = batch.last.shape[0], batch.k
         length = batch.pos + 1  # [B] valid history per row (last token included)
-        L = int(length.max())
+        L = int(length.max()) if batch.max_pos is None else batch.max_pos + 1
         hist = batch.history[:B, :L]  # [B, L]
         long = dict(dtype=torch.long, device=hist.device)
         found = torch.full((B,), -1, **long)  # start of the continuation

@@ -126,6 +126,7 @@ class Stepper:
                     sampling=st.sampling(slice(0, B), range(B)),
                     seed=st.seed[:B],
                     n_gen=st.n_gen[:B],
+                    max_pos=max(pos_host),
                     form=form,
                 )
             )

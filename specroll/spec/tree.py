@@ -37,17 +37,19 @@ from specroll.spec.sampling import RowSampling, sample_from_probs, temper, trunc
 def ancestors(parents: torch.Tensor) -> torch.Tensor:
     """[B, N] parent indices (−1: none) → [B, N, N] bool, [b, i, j] = node j is node i or
     one of its ancestors. Pointer doubling: log2(depth) boolean products, no Python per
-    node. Parents must have smaller indices than their children."""
+    node. Parents must have smaller indices than their children. No host read on an
+    accelerator: the squarings stop early (at the tree's depth) only on the CPU, where
+    looking costs nothing; elsewhere all log2(N) of them run (the fixed point is the
+    same)."""
     B, N = parents.shape
     eye = torch.eye(N, dtype=torch.bool, device=parents.device).expand(B, N, N)
-    has = parents >= 0
-    up = torch.zeros(B, N, N, dtype=torch.bool, device=parents.device)
-    up[has] = torch.nn.functional.one_hot(parents[has], N).bool()
-    anc = eye | up
+    up = torch.nn.functional.one_hot(parents.clamp(min=0), N).bool()  # [B, N, N]
+    anc = eye | (up & (parents >= 0).unsqueeze(-1))
+    look = parents.device.type == "cpu"
     reach = 1
     while reach < N:  # anc covers ancestors up to `reach` levels up; square to double it
         nxt = torch.bmm(anc.float(), anc.float()) > 0
-        if torch.equal(nxt, anc):
+        if look and torch.equal(nxt, anc):
             break
         anc, reach = nxt, reach * 2
     return anc
