@@ -6,10 +6,12 @@ count depends on the engine's code paths, not on the model's size. Mixed samplin
 (greedy, top-k, top-p) and more requests than slots, so admission and compaction run.
 
     python benchmarks/host_syncs.py            # final line: JSON with the counts
+    python benchmarks/host_syncs.py --masked-walk   # trees walked as on an accelerator
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from collections import Counter
@@ -24,6 +26,7 @@ from specroll.drafters.mtp import MTPDrafter
 from specroll.drafters.ngram import NgramDrafter
 from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
 from specroll.drafting.mtp import MTPConfig, MTPDraft
+from specroll.engine import tree_step
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
@@ -115,6 +118,15 @@ def count(engine: Engine) -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--masked-walk",
+        action="store_true",
+        help="walk trees as on an accelerator (tree_step.HOST_PACED empty): no host pacing",
+    )
+    args = ap.parse_args()
+    if args.masked_walk:
+        tree_step.HOST_PACED = ()
     torch.manual_seed(0)
     target = model()
     out = {}
@@ -129,7 +141,14 @@ def main() -> None:
             f"{r['syncs_per_iteration_median']}, max {r['syncs_per_iteration_max']}  "
             f"prefill {r['syncs_per_prefill_median']}  by call {r['step_by_call']}"
         )
-    config = {"model": "random 4x32, vocab 64", "requests": 12, "max_batch": 8, "k": 3, "nodes": 8}
+    config = {
+        "model": "random 4x32, vocab 64",
+        "requests": 12,
+        "max_batch": 8,
+        "k": 3,
+        "nodes": 8,
+        "masked_walk": args.masked_walk,
+    }
     print(json.dumps({"config": config, "results": out}))
 
 

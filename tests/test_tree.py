@@ -141,6 +141,48 @@ def test_one_step_of_the_tree_verifier_draws_plain_decodings_token(t, k, p):
     assert 0 < hit.float().mean() < 1
 
 
+@pytest.mark.parametrize("t,k,p", SETTINGS)
+def test_the_masked_walk_draws_what_the_host_paced_walk_draws(t, k, p):
+    """Random trees (bushes, chains, duplicate siblings, unused nodes) over random node
+    logits: the masked walk over every node (no host read, a depth bound past the
+    deepest node) emits the same tokens, log-probs, path and acceptances as the walk the
+    host paces, bit for bit; past a row's stop it emits nothing."""
+    g = torch.Generator().manual_seed(3)
+    n, N = 512, 12
+    logits = torch.randn(n, N, VOCAB, generator=g) * 2
+    parents = torch.stack([torch.randint(-1, j, (n,), generator=g) for j in range(N)], 1)
+    parents[:, 0] = -1
+    parents[:, 1] = 0  # every tree has a first candidate
+    tokens = torch.randint(0, VOCAB, (n, N), generator=g)
+    dup = torch.rand(n, N - 2, generator=g) < 0.3  # repeat the previous node's token
+    tokens[:, 2:] = torch.where(dup, tokens[:, 1:-1], tokens[:, 2:])
+    depth = int(tree.depths(tree.ancestors(parents)).max())
+    rows = RowSampling.full(n, t, k, p)
+    bound = N - 1
+    u = torch.rand(n, bound + 1, generator=g, dtype=torch.float64)
+    paced = tree.verify_tree(lambda r, nodes: logits[r, nodes], tokens, parents, depth, rows, u)
+    masked = tree.verify_tree_masked(logits, tokens, parents, bound, rows, u)
+    assert torch.equal(masked.num_accepted, paced.num_accepted)
+    assert paced.num_accepted.max() >= 2  # walks went deep
+    D1 = depth + 1
+    for name in ("tokens", "logprobs", "path"):
+        assert torch.equal(getattr(masked, name)[:, :D1], getattr(paced, name)), name
+    assert torch.equal(masked.accepted[:, :depth], paced.accepted)
+    assert not masked.accepted[:, depth:].any() and (masked.tokens[:, D1:] == -1).all()
+
+
+def test_the_masked_walk_in_the_engine_gives_plain_decodings_tokens(target, monkeypatch):
+    """The engine's tree step as an accelerator runs it (one LM head over every node, the
+    masked walk to the node budget, no read-back in the walk), here on the CPU: plain
+    decoding's tokens for every request, as the host-paced walk gives them."""
+    from specroll.engine import tree_step
+
+    monkeypatch.setattr(tree_step, "HOST_PACED", ())
+    engine = Engine(target, EngineConfig(max_batch=N_DET), RandomTree(1), FixedDepth(16))
+    _assert_plain_tokens(target, engine, _requests(*SETTINGS[3], N_DET, 16), monkeypatch)
+    assert engine.stats.accepted_tokens > N_DET // 2
+
+
 def test_tree_from_keeps_the_heaviest_nodes_parents_first():
     seqs = [[5, 1, 2, 3], [5, 1, 2, 4], [5, 1, 7, 7], [5, 9, 9, 9]]
     occ = [(s, 1, 1.0) for s in seqs]

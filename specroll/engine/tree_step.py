@@ -2,7 +2,10 @@
 walk it (`spec.tree.verify_tree`), keep the accepted path's keys and values in place.
 
 The engine calls `run` when its drafter proposes trees (`Proposal.parents`); the rest of
-the iteration (recording tokens, stop conditions, statistics) is the chain's.
+the iteration (recording tokens, stop conditions, statistics) is the chain's. On the CPU
+the walk is paced by the host (`spec.tree.verify_tree`: the LM head over the path only,
+stopping at the deepest accepted node); elsewhere it is masked over every node's logits
+(`verify_tree_masked`), so the iteration reads the device back once, after the step.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.spec import rng, tree
 from specroll.spec.tree import TreeVerifyOutput
+
+HOST_PACED = ("cpu",)
+"""Device types whose tree walk is paced by the host: reading back costs nothing there,
+and the LM head then runs over the accepted path only."""
 
 
 def run(
@@ -45,7 +52,8 @@ def run(
     used = (parents >= 0) & (depth <= num_draft.unsqueeze(1))  # [B, N] verified nodes
     parents = parents.masked_fill(~used, -1)  # a cut node is nobody's child
     row_depth = (depth * used).amax(1)  # [B]
-    D = int(row_depth.max())
+    paced = dev.type in HOST_PACED
+    D = int(row_depth.max()) if paced else k  # masked: a bound known without a read
     layers = drafter.hidden_layers
     L = model.cfg.num_layers
     out = model(
@@ -59,14 +67,16 @@ def run(
     )
     h = out.hidden[L]  # [B, N, H] last layer, before the final norm
     packed = model.packed_weights() or []
-    ver = tree.verify_tree(
-        lambda r, nodes: model.head_logits(h[r, nodes], packed),
-        tokens,
-        parents,
-        D,
-        st.sampling(rows, range(B)),
-        rng.uniforms(st.seed[:B], st.n_gen[:B, None] + torch.arange(D + 1, **long)),
-    )
+    sampling = st.sampling(rows, range(B))
+    u = rng.uniforms(st.seed[:B], st.n_gen[:B, None] + torch.arange(D + 1, **long))
+    if paced:
+
+        def logits(r: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+            return model.head_logits(h[r, nodes], packed)  # [n, V]: the path only
+
+        ver = tree.verify_tree(logits, tokens, parents, D, sampling, u)
+    else:  # one LM head over the whole tree, [B, N, V]
+        ver = tree.verify_tree_masked(model.head_logits(h, packed), tokens, parents, D, sampling, u)
     tree.compact_path(cache.k, cache.v, rows, st.pos[:B], ver.path)
     along = ver.path.unsqueeze(-1)  # [B, D+1, 1]
     hidden = {i: out.hidden[i].gather(1, along.expand(-1, -1, h.shape[-1])) for i in layers}

@@ -20,6 +20,13 @@ Candidates are never samples: their own randomness (a sibling's, a past epoch's)
 reused, so a rollout is a fresh draw from the current policy conditioned on its prefix,
 not a function of an older rollout's randomness (what SPEC-RL's replay would make it).
 
+The walk comes in two forms that draw the same tokens. `verify_tree` is paced by the
+host: per depth it runs the LM head over the rows still descending and stops when none
+is, which is cheapest where reading the device costs nothing (the CPU).
+`verify_tree_masked` takes every node's logits (one LM head over the whole tree) and
+walks a fixed number of depths over every row with a mask: no host read, the form an
+accelerator needs (its stream never waits, and the step can be captured).
+
 After verification the accepted path's keys and values are moved to the positions they
 hold in the sequence (`compact_path`); the rest of the tree is overwritten later.
 """
@@ -111,18 +118,10 @@ def verify_tree(
     accepted = torch.zeros(B, depth, dtype=torch.bool, device=dev)
     cur = torch.zeros(B, **long)
     rows = torch.arange(B, **long)
-    hints = sampling.hints
     for d in range(depth + 1):
-        s = sampling[rows]
         raw = node_logits(rows, cur[rows]).float()  # [n, V]
-        # the batch's hints hold for any subset of it (they only say what may be needed)
-        x = truncate(temper(raw, s.temperature, hints), s.top_k, s.top_p, hints)
-        lse = x.logsumexp(-1, keepdim=True)
-        y = sample_from_probs((x - lse).exp(), u_sample[rows, d])  # [n]
-        if sampling.any_greedy():  # from the host hints: no device read
-            y = torch.where(s.greedy, raw.argmax(-1), y)
+        y, lp[rows, d] = _draw(raw, sampling, rows, u_sample[rows, d])
         out[rows, d] = y
-        lp[rows, d] = (x.gather(1, y.unsqueeze(1)) - lse).squeeze(1)
         # the child of the current node whose token is y (first of duplicates), if any
         child = (parents[rows] == cur[rows].unsqueeze(1)) & (tokens[rows] == y.unsqueeze(1))
         found = child.any(1)
@@ -133,6 +132,58 @@ def verify_tree(
         cur[rows] = nxt
         path[rows, d + 1 :] = nxt.unsqueeze(1)
     return TreeVerifyOutput(out, accepted.sum(1), accepted, lp, path)
+
+
+def verify_tree_masked(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depth: int,
+    sampling: RowSampling,
+    u_sample: torch.Tensor,
+) -> TreeVerifyOutput:
+    """`verify_tree` with every node's raw target logits given (logits: [B, N, V]) and
+    no host read: all `depth` + 1 steps run over every row, a row that stopped masked out
+    (depth may be any bound on the deepest node). Same draws, same output."""
+    B, N = tokens.shape
+    dev = tokens.device
+    long = dict(dtype=torch.long, device=dev)
+    out = torch.full((B, depth + 1), -1, **long)
+    lp = torch.zeros(B, depth + 1, dtype=torch.float32, device=dev)
+    path = torch.zeros(B, depth + 1, **long)
+    accepted = torch.zeros(B, depth, dtype=torch.bool, device=dev)
+    cur = torch.zeros(B, **long)
+    rows = torch.arange(B, **long)
+    live = torch.ones(B, dtype=torch.bool, device=dev)  # still descending
+    for d in range(depth + 1):
+        raw = logits[rows, cur].float()  # [B, V]
+        y, logp = _draw(raw, sampling, rows, u_sample[:, d])
+        out[:, d] = torch.where(live, y, out[:, d])
+        lp[:, d] = torch.where(live, logp, lp[:, d])
+        if d == depth:
+            break
+        child = (parents == cur.unsqueeze(1)) & (tokens == y.unsqueeze(1))  # [B, N]
+        live = live & child.any(1)
+        nxt = child.float().argmax(1)  # the first of duplicates
+        accepted[:, d] = live
+        cur = torch.where(live, nxt, cur)
+        path[:, d + 1 :] = torch.where(live.unsqueeze(1), nxt.unsqueeze(1), path[:, d + 1 :])
+    return TreeVerifyOutput(out, accepted.sum(1), accepted, lp, path)
+
+
+def _draw(
+    raw: torch.Tensor, sampling: RowSampling, rows: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' draws from their processed distributions (raw: [n, V] fp32 logits of
+    `rows`; u: [n] float64 uniforms) → (tokens [n], their log-probs [n])."""
+    s, hints = sampling[rows], sampling.hints
+    # the batch's hints hold for any subset of it (they only say what may be needed)
+    x = truncate(temper(raw, s.temperature, hints), s.top_k, s.top_p, hints)
+    lse = x.logsumexp(-1, keepdim=True)
+    y = sample_from_probs((x - lse).exp(), u)  # [n]
+    if sampling.any_greedy():  # from the host hints: no device read
+        y = torch.where(s.greedy, raw.argmax(-1), y)
+    return y, (x.gather(1, y.unsqueeze(1)) - lse).squeeze(1)
 
 
 def compact_path(
