@@ -96,12 +96,13 @@ class CombinedDrafter(Drafter):
     def version(self, v: int) -> None:
         self.draft.version = v
 
-    def _feed_network(self, batch: DraftBatch, report: FormReport) -> None:
-        """Feed the network the rows' pending pairs (`FeatureDrafter.catch_up`), timed."""
+    def _feed_network(self, batch: DraftBatch) -> None:
+        """Feed the network the rows' pending pairs (`FeatureDrafter.catch_up`), timed
+        into this proposal's report."""
         t = time.perf_counter()
         most = self.draft.catch_up(batch.last.shape[0], batch.history)
-        report.feed = time.perf_counter() - t
-        report.steady = 0 < most <= DRAFT_DEPTH + 1  # the pairs one iteration adds
+        self._report.feed = time.perf_counter() - t
+        self._report.steady = 0 < most <= DRAFT_DEPTH + 1  # the pairs one iteration adds
 
     def calibration(self, source: str) -> float:
         """Taken / predicted for `source`'s candidates (1 before any evidence)."""
@@ -175,7 +176,7 @@ class CombinedDrafter(Drafter):
         """The network's sampled chain of batch.k tokens."""
         B = batch.last.shape[0]
         self._proposed[:B] = [None] * B
-        self._feed_network(batch, self._report)
+        self._feed_network(batch)
         return self.draft.propose(batch)
 
     def _tree(self, batch: DraftBatch, network: bool) -> Proposal:
@@ -189,7 +190,7 @@ class CombinedDrafter(Drafter):
         drafted = None
         if depth > 0 and network:
             now = time.perf_counter()
-            self._feed_network(batch, self._report)
+            self._feed_network(batch)
             toks, probs = self.draft.candidates(batch, depth, min(DRAFT_WIDTH, k))  # [B, d, w]
             drafted = (toks.tolist(), probs.tolist())
             self._report.network = time.perf_counter() - now

@@ -79,7 +79,7 @@ class FormChoice:
         self._small_iters = 0
         self.feed_s = 0.0
         """Decayed seconds of feeding the network one iteration's pairs."""
-        self._asked: tuple[str, int] | None = None  # this iteration's (form, budget)
+        self._asked: tuple[str, int] | None = None  # this iteration's (kind, budget)
 
     # choosing ---------------------------------------------------------------------------
     def restart(self) -> None:
@@ -96,7 +96,7 @@ class FormChoice:
                 self.period = ema(self.period, now - self._last_t)
             self._last_t = now
             form = "merged" if self._network_pays() else "history"
-        self._asked = (form, k)
+        self._asked = ("chain" if form == "chain" else "tree", k)
         return form
 
     def _network_pays(self) -> bool:
@@ -130,8 +130,7 @@ class FormChoice:
         to `CHAIN_UP_TO` (module docstring)."""
         if self._asked is None or rows <= 0:
             return
-        form, k = self._asked
-        kind = "chain" if form == "chain" else "tree"
+        kind, k = self._asked
         total = 1.0
         for m in range(1, min(CHAIN_UP_TO, k, len(accepted)) + 1):
             total += accepted[m - 1] / rows
@@ -142,10 +141,10 @@ class FormChoice:
         seconds of its proposal and of the rest of the iteration (verification, commit)."""
         if self._asked is None:
             return
-        form, k = self._asked
+        kind, k = self._asked
         self._asked = None
         report = report or FormReport()
-        if report.room and form != "chain":
+        if report.room and kind == "tree":
             self._skipped = self._skips
         uncharged = 0.0  # a feed's seconds above what is charged for it (`_charged`)
         if report.feed is not None:
@@ -153,7 +152,6 @@ class FormChoice:
         if report.network is not None:
             self.cost = ema(self.cost, report.network - uncharged)
         if k <= CHAIN_UP_TO:
-            kind = "chain" if form == "chain" else "tree"
             self.small_s[kind] = ema(self.small_s[kind], proposing - uncharged)
             self.small_s["rest"] = ema(self.small_s["rest"], rest)
         if report.tokens is not None:

@@ -96,6 +96,7 @@ class Stepper:
         long = dict(dtype=torch.long, device=self.device)
         rows = torch.arange(B, **long)
         pos_host = st.pos_host[:B]
+        top = max(pos_host)  # the deepest row's position: sizes, room, the draft's key axis
         # the fp32 mean of the positions (what the cost model was fitted on), from the host
         # mirror: the sum of < 2^24 is exact in fp32, so this is the same rounded quotient
         mean_ctx = float(np.float32(sum(pos_host) / B))
@@ -103,7 +104,7 @@ class Stepper:
         # every row's k+1 positions must fit the cache and the context window, and no
         # row drafts a token its budget could not keep: with r tokens to go, r - 1 drafts
         # and the bonus token fill it (so acceptance counts only what could be emitted)
-        room = min(ctx, self.cache.max_len) - 1 - max(pos_host)
+        room = min(ctx, self.cache.max_len) - 1 - top
         # (a tree's k is its node count: only its depth is bounded by the budget, below)
         deepest = (
             room if self.drafter is not None and self.drafter.tree else max(st.left_host[:B]) - 1
@@ -126,7 +127,7 @@ class Stepper:
                     sampling=st.sampling(slice(0, B), range(B)),
                     seed=st.seed[:B],
                     n_gen=st.n_gen[:B],
-                    max_pos=max(pos_host),
+                    max_pos=top,
                     form=form,
                 )
             )
@@ -151,7 +152,7 @@ class Stepper:
                 positions=st.pos[:B],
                 cache=self.cache,
                 hidden_layers=self.drafter.hidden_layers if self.drafter else (),
-                max_start=max(pos_host),
+                max_start=top,
             )
             self.stats.target_s += time.perf_counter() - t
             ver = self._verify_chain(st, rows, range(B), out.logits, num_draft, (drafts, probs))

@@ -109,15 +109,7 @@ def verify_tree(
     node); depth: the deepest node (D). u_sample: [B, D + 1] float64, u_sample[b, d]
     the uniform of row b's output index at depth d (its plain-decoding draw).
     """
-    B, N = tokens.shape
-    dev = tokens.device
-    long = dict(dtype=torch.long, device=dev)
-    out = torch.full((B, depth + 1), -1, **long)
-    lp = torch.zeros(B, depth + 1, dtype=torch.float32, device=dev)
-    path = torch.zeros(B, depth + 1, **long)
-    accepted = torch.zeros(B, depth, dtype=torch.bool, device=dev)
-    cur = torch.zeros(B, **long)
-    rows = torch.arange(B, **long)
+    out, lp, path, accepted, cur, rows = _walk_state(tokens.shape[0], depth, tokens.device)
     for d in range(depth + 1):
         raw = node_logits(rows, cur[rows]).float()  # [n, V]
         y, lp[rows, d] = _draw(raw, sampling, rows, u_sample[rows, d])
@@ -145,16 +137,8 @@ def verify_tree_masked(
     """`verify_tree` with every node's raw target logits given (logits: [B, N, V]) and
     no host read: all `depth` + 1 steps run over every row, a row that stopped masked out
     (depth may be any bound on the deepest node). Same draws, same output."""
-    B, N = tokens.shape
-    dev = tokens.device
-    long = dict(dtype=torch.long, device=dev)
-    out = torch.full((B, depth + 1), -1, **long)
-    lp = torch.zeros(B, depth + 1, dtype=torch.float32, device=dev)
-    path = torch.zeros(B, depth + 1, **long)
-    accepted = torch.zeros(B, depth, dtype=torch.bool, device=dev)
-    cur = torch.zeros(B, **long)
-    rows = torch.arange(B, **long)
-    live = torch.ones(B, dtype=torch.bool, device=dev)  # still descending
+    out, lp, path, accepted, cur, rows = _walk_state(tokens.shape[0], depth, tokens.device)
+    live = torch.ones_like(cur, dtype=torch.bool)  # still descending
     for d in range(depth + 1):
         raw = logits[rows, cur].float()  # [B, V]
         y, logp = _draw(raw, sampling, rows, u_sample[:, d])
@@ -169,6 +153,21 @@ def verify_tree_masked(
         cur = torch.where(live, nxt, cur)
         path[:, d + 1 :] = torch.where(live.unsqueeze(1), nxt.unsqueeze(1), path[:, d + 1 :])
     return TreeVerifyOutput(out, accepted.sum(1), accepted, lp, path)
+
+
+def _walk_state(B: int, depth: int, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """A walk's outputs before its first step — emitted ids (−1: none) [B, D+1], their
+    log-probs [B, D+1], the path [B, D+1], acceptances [B, D] — and its state: each
+    row's current node [B] (the root) and the row indices [B]."""
+    long = dict(dtype=torch.long, device=dev)
+    return (
+        torch.full((B, depth + 1), -1, **long),
+        torch.zeros(B, depth + 1, dtype=torch.float32, device=dev),
+        torch.zeros(B, depth + 1, **long),
+        torch.zeros(B, depth, dtype=torch.bool, device=dev),
+        torch.zeros(B, **long),
+        torch.arange(B, **long),
+    )
 
 
 def _draw(
