@@ -76,3 +76,21 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (timings on a GPU measure nothing without it)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def upload(values, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host values (a list, or a CPU tensor) as a tensor on `device`, without a sync.
+
+    A plain copy from pageable memory to a GPU waits for the stream (PyTorch synchronises
+    after it), which would stall the engine's iteration as a read-back does; a copy from
+    pinned memory with `non_blocking` is queued like a kernel. (PyTorch's pinned-memory
+    allocator keeps the buffer until the copy has run.)"""
+    t = (
+        values
+        if isinstance(values, torch.Tensor)
+        else torch.tensor(values, dtype=dtype, device="cpu")
+    )
+    device = torch.device(device)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

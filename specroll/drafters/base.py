@@ -12,16 +12,23 @@ Per generate() call the engine calls, in order:
                                        over the prompt positions
   propose(batch) -> Proposal           once per speculative iteration (k >= 1); a
                                        drafter with `forms` makes the one batch.form names
-  commit(B, pos_before, num_new, hidden, history)
+  commit(B, pos_before, num_new, hidden, read)
                                        after every target forward: num_new[b] tokens of
                                        row b entered the target cache at pos_before[b]..
-                                       (hidden: the target states of that forward)
+                                       (hidden: the target states of that forward; read:
+                                       what the host learned of it, `Emitted`)
   release(slot, generated)             the row in `slot` finished with `generated` tokens
                                        kept (commit saw all that entered the cache, which
                                        may run past a stop token); before any move
   move(src, dst)                       row src now lives in slot dst (compaction)
   report() -> FormReport | None        after a commit that followed a proposal: what a
                                        drafter with `forms` measured of it
+
+Host reads: the engine reads the device back once per iteration, after it (`Emitted`),
+and hands drafters what the host knows (`DraftBatch.pos_host`, `.caps`, `Emitted`), so
+that a drafter needs no read of its own: on a GPU each read is a stall of the stream
+(`engine.syncs`). A drafter that builds tensors from host lists copies them in with
+`device.upload` (pinned, non-blocking).
 
 Devices and dtypes: a drafter works on the device of the tensors the engine hands it
 (its network's, which the engine's model shares) and makes its own state there; a draft
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specroll.device import upload
 from specroll.spec import rng
 from specroll.spec.sampling import RowSampling, probs_from_logits, sample_from_probs
 
@@ -60,12 +68,44 @@ class DraftBatch:
     """[B] request seeds (for rng.DRAFT)."""
     n_gen: torch.Tensor
     """[B] tokens generated so far: draft i of row b is generated token n_gen[b] + i."""
-    max_pos: int | None = None
-    """max(pos) as the host already knows it (the engine's mirror), so that a drafter
-    need not read it back from the device; None: unknown."""
+    pos_host: list[int] | None = None
+    """`pos` as the host already knows it (the engine's mirror), so that a drafter need
+    not read it back from the device; None: unknown."""
+    caps: list[int] | None = None
+    """`num_draft` as the host knows it; None: unknown."""
     form: str | None = None
     """Which of its `Drafter.forms` a drafter that has several makes (`engine.forms`);
     None: its first."""
+
+    @property
+    def max_pos(self) -> int | None:
+        """max(pos) from the host mirror (None: unknown)."""
+        return None if self.pos_host is None else max(self.pos_host, default=0)
+
+
+@dataclass
+class Emitted:
+    """What the host learned of an iteration from the engine's one read, for rows
+    0..B-1: a drafter that works on the host (history) takes the rows' new tokens from
+    here instead of reading them back itself."""
+
+    pos: list[int]
+    """Each row's position after the iteration (the tokens in the target cache)."""
+    emitted: list[int]
+    """Tokens that entered each row's cache: accepted candidates, then the one drawn."""
+    count: list[int]
+    """Of those, the tokens kept as the row's output (cut at a stop or the budget)."""
+    tokens: list[int]
+    """Each row's `width` verified candidates, flat: row b's are [b * width, ...)."""
+    width: int
+
+    def entered(self, b: int) -> list[int]:
+        """Row b's tokens that entered the cache this iteration."""
+        return self.tokens[b * self.width : b * self.width + self.emitted[b]]
+
+    def kept(self, b: int) -> list[int]:
+        """Row b's tokens kept as output this iteration."""
+        return self.tokens[b * self.width : b * self.width + self.count[b]]
 
 
 @dataclass
@@ -138,7 +178,7 @@ class Drafter:
         pos_before: torch.Tensor,
         num_new: torch.Tensor,
         hidden: dict[int, torch.Tensor],
-        history: torch.Tensor,
+        read: Emitted,
     ) -> None:
         pass
 
@@ -196,9 +236,19 @@ class FeatureDrafter(Drafter):
         pair of every row (most of them, in a rollout, never drafted from)."""
         return kept
 
-    def run(self, depth: int, tokens, feats, positions, slot_start: int = 0, logits_index=None):
+    def run(
+        self,
+        depth: int,
+        tokens,
+        feats,
+        positions,
+        slot_start: int = 0,
+        logits_index=None,
+        max_start: int | None = None,
+    ):
         """Draft network at recursion depth `depth` → (logits [n, T, *], state [n, T, H]);
-        with logits_index [n, m], logits only at those positions ([n, m, *])."""
+        with logits_index [n, m], logits only at those positions ([n, m, *]); max_start:
+        max(positions), known on the host."""
         raise NotImplementedError
 
     def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -220,19 +270,22 @@ class FeatureDrafter(Drafter):
         long = dict(dtype=torch.long, device=self.device)
         self.dpos = torch.zeros(S, **long)  # pairs committed (= target pos)
         self.fed = torch.zeros(S, **long)  # pairs already run through the draft
-        self.feats: torch.Tensor | None = None  # [S, L, *] kept features of pending pairs
+        self.dpos_host, self.fed_host = [0] * S, [0] * S  # the same, on the host
+        # [S, L + 1, *] kept features of pending pairs; column L takes masked-out writes
+        self.feats: torch.Tensor | None = None
         self.max_len = L
         self.next_logits: torch.Tensor | None = None  # [S, *] output of pair fed-1
         self.next_state: torch.Tensor | None = None  # [S, H]
 
     def _store(self, rows: torch.Tensor, first: torch.Tensor, feats: torch.Tensor, counts) -> None:
         """Keep feats[r, :counts[r]] as the conditioning of pairs first[r].. of rows[r]."""
+        L = self.max_len
         if self.feats is None:
-            self.feats = feats.new_zeros(self.cache.num_slots, self.max_len, feats.shape[-1])
+            self.feats = feats.new_zeros(self.cache.num_slots, L + 1, feats.shape[-1])
         j = torch.arange(feats.shape[1], device=self.device)
-        keep = j < counts.unsqueeze(1)  # [n, W]
-        r, c = keep.nonzero(as_tuple=True)
-        self.feats[rows[r], (first[r] + c).clamp(max=self.max_len - 1)] = feats[r, c]
+        at = first.unsqueeze(1) + j  # [n, W]
+        keep = (j < counts.unsqueeze(1)) & (at < L)
+        self.feats[rows.unsqueeze(1), torch.where(keep, at, L)] = feats  # the rest: column L
         self.dpos[rows] = first + counts
 
     @torch.inference_mode()
@@ -240,21 +293,21 @@ class FeatureDrafter(Drafter):
         """Run the draft over every pending pair of rows 0..B-1: one batched forward, or
         one per lagging row when a common width would overrun the cache. Returns the
         most pairs a row had pending (0: nothing to run)."""
-        pending = self.dpos[:B] - self.fed[:B]
-        most = int(pending.max()) if B else 0
+        pending = [d - f for d, f in zip(self.dpos_host[:B], self.fed_host[:B], strict=True)]
+        most = max(pending, default=0)
         if most <= 0:
             return 0
-        if int(self.fed[:B].max()) + most <= min(self.max_len, history.shape[1]) - 1:
+        if max(self.fed_host[:B]) + most <= min(self.max_len, history.shape[1]) - 1:
             self._feed(0, B, history)
         else:
-            for b in (pending > 0).nonzero().flatten().tolist():
+            for b in (b for b in range(B) if pending[b] > 0):
                 self._feed(b, b + 1, history)
         return most
 
     def _feed(self, lo: int, hi: int, history: torch.Tensor) -> None:
         rows = torch.arange(lo, hi, device=self.device)
         start, pending = self.fed[lo:hi], self.dpos[lo:hi] - self.fed[lo:hi]
-        width = int(pending.max())
+        width = max(d - f for d, f in zip(self.dpos_host[lo:hi], self.fed_host[lo:hi], strict=True))
         col = torch.arange(width, device=self.device)
         t = (start.unsqueeze(1) + col).clamp(max=history.shape[1] - 2)  # [n, W]
         tokens = history[lo:hi].gather(1, t + 1)  # pair t: (h_t, x_{t+1}), [n, W]
@@ -262,15 +315,25 @@ class FeatureDrafter(Drafter):
         last = (pending - 1).clamp(min=0)  # [n] each row's last pending pair
         # only the last pair's logits are needed: reading out all W over the vocabulary
         # would cost more than the draft layer itself on a long catch-up
-        logits, state = self.run(0, tokens, feats, start, lo, logits_index=last.unsqueeze(1))
+        logits, state = self.run(
+            0,
+            tokens,
+            feats,
+            start,
+            lo,
+            logits_index=last.unsqueeze(1),
+            max_start=max(self.fed_host[lo:hi]),
+        )
         if self.next_logits is None:
             S = self.cache.num_slots
             self.next_logits = logits.new_zeros(S, logits.shape[-1])
             self.next_state = state.new_zeros(S, state.shape[-1])
-        moved = (pending > 0).nonzero().flatten()
-        self.next_logits[rows[moved]] = logits[moved, 0]
-        self.next_state[rows[moved]] = state[moved, last[moved]]
+        moved = (pending > 0).unsqueeze(1)  # [n, 1] rows that had pairs to run
+        self.next_logits[lo:hi] = torch.where(moved, logits[:, 0], self.next_logits[lo:hi])
+        state = state.gather(1, last.view(-1, 1, 1).expand(-1, 1, state.shape[-1]))[:, 0]
+        self.next_state[lo:hi] = torch.where(moved, state, self.next_state[lo:hi])
         self.fed[lo:hi] = self.dpos[lo:hi]
+        self.fed_host[lo:hi] = self.dpos_host[lo:hi]
 
     @torch.inference_mode()
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
@@ -279,21 +342,25 @@ class FeatureDrafter(Drafter):
         long = dict(dtype=torch.long, device=self.device)
         rows = torch.arange(start, start + n, **long)
         self.fed[rows] = 0
-        counts = torch.tensor([len(q) - 1 for q in seqs], **long)
+        counts = [len(q) - 1 for q in seqs]
+        self.fed_host[start : start + n] = [0] * n
+        self.dpos_host[start : start + n] = counts
+        counts = upload(counts, self.device)
         self._store(rows, torch.zeros(n, **long), self.features(hidden, width), counts)
 
     @torch.inference_mode()
-    def commit(self, B, pos_before, num_new, hidden, history) -> None:
+    def commit(self, B, pos_before, num_new, hidden, read) -> None:
         K1 = next(iter(hidden.values())).shape[1]
         rows = torch.arange(B, device=self.device)
         feats = self.features(hidden, K1)  # [B, K1, *]
+        self.dpos_host[:B] = read.pos[:B]
         if K1 > 1 or self.feats is None:
             self._store(rows, pos_before, feats, num_new)
             return
         # a plain iteration (every iteration of a rollout's large-batch head): one pair
         # per row, kept without `_store`'s mask (a row that committed none leaves a
         # feature past its `dpos`, which nothing reads before it is written again)
-        self.feats[rows, pos_before.clamp(max=self.max_len - 1)] = feats[:, 0]
+        self.feats[rows, pos_before.clamp(max=self.max_len)] = feats[:, 0]
         self.dpos[:B] = pos_before + num_new
 
     @torch.inference_mode()
@@ -310,9 +377,14 @@ class FeatureDrafter(Drafter):
             tokens.append(tok)
             probs.append(q)
             if i + 1 < k:  # pair (own state, draft i) at position pos + i
-                lg, st = self.run(i + 1, tok.unsqueeze(1), state.unsqueeze(1), batch.pos + i)
-                logits, state = lg[:, 0], st[:, 0]
+                logits, state = self._step(i + 1, tok, state, batch, i)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
+
+    def _step(self, depth: int, tok, state, batch: DraftBatch, i: int):
+        """One recursive draft forward: pair (own state, token) at position pos + i."""
+        top = None if batch.max_pos is None else batch.max_pos + i
+        lg, st = self.run(depth, tok.unsqueeze(1), state.unsqueeze(1), batch.pos + i, max_start=top)
+        return lg[:, 0], st[:, 0]
 
     @torch.inference_mode()
     def candidates(self, batch: DraftBatch, depth: int, width: int) -> tuple[torch.Tensor, ...]:
@@ -330,17 +402,15 @@ class FeatureDrafter(Drafter):
             tokens.append(t)
             probs.append(p)
             if i + 1 < depth:  # pair (own state, path token i) at position pos + i
-                lg, st = self.run(i + 1, t[:, :1], state.unsqueeze(1), batch.pos + i)
-                logits, state = lg[:, 0], st[:, 0]
+                logits, state = self._step(i + 1, t[:, 0], state, batch, i)
         return torch.stack(tokens, 1), torch.stack(probs, 1)
 
     def move(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst, int(self.fed[src]))
+        self.cache.move(src, dst, self.fed_host[src])
         for t in (self.dpos, self.fed, self.next_logits, self.next_state):
             if t is not None:
                 t[dst] = t[src]
-        if self.feats is not None:  # the pairs not yet fed are all a row needs
-            lo, hi = torch.stack([self.fed[src], self.dpos[src]]).tolist()
-            hi = min(hi, self.max_len)
-            if hi > lo:
-                self.feats[dst, lo:hi] = self.feats[src, lo:hi]
+        lo, hi = self.fed_host[src], min(self.dpos_host[src], self.max_len)
+        self.dpos_host[dst], self.fed_host[dst] = self.dpos_host[src], self.fed_host[src]
+        if self.feats is not None and hi > lo:  # the pairs not yet fed are all a row needs
+            self.feats[dst, lo:hi] = self.feats[src, lo:hi]

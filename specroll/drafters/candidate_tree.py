@@ -23,6 +23,7 @@ import heapq
 
 import torch
 
+from specroll.device import upload
 from specroll.drafters.base import Proposal
 
 Trie = dict[int, list]
@@ -136,10 +137,13 @@ def proposal(
     few, the target forward scores few (an unused node costs as much as one)."""
     B = len(lengths)
     width = max(lengths, default=0)
-    long = dict(dtype=torch.long, device=device)
+    rows = [[n, *t[:width], *p[:width]] for n, t, p in zip(lengths, tokens, parents, strict=True)]
+    packed = upload(
+        torch.tensor(rows, dtype=torch.long, device="cpu").view(B, 1 + 2 * width), device
+    )
     return Proposal(
-        tokens=torch.tensor([t[:width] for t in tokens], **long).view(B, width),
+        tokens=packed[:, 1 : 1 + width],
         probs=None,
-        lengths=torch.tensor(lengths, **long),
-        parents=torch.tensor([p[:width] for p in parents], **long).view(B, width),
+        lengths=packed[:, 0],
+        parents=packed[:, 1 + width :],
     )

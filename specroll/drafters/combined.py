@@ -45,7 +45,14 @@ import time
 
 import torch
 
-from specroll.drafters.base import DraftBatch, Drafter, FeatureDrafter, FormReport, Proposal
+from specroll.drafters.base import (
+    DraftBatch,
+    Drafter,
+    Emitted,
+    FeatureDrafter,
+    FormReport,
+    Proposal,
+)
 from specroll.drafters.candidate_tree import (
     Node,
     add_path,
@@ -139,14 +146,14 @@ class CombinedDrafter(Drafter):
         self.history.prefill(start, seqs, hidden)
         self.draft.prefill(start, seqs, hidden)
 
-    def commit(self, B, pos_before, num_new, hidden, history) -> None:
+    def commit(self, B, pos_before, num_new, hidden, read) -> None:
         if self._fresh:  # a plain iteration (no proposal) says nothing of the last one's
-            self._learn(B, pos_before, num_new, history)
+            self._learn(B, read)
         else:
             self._report = None
         self._fresh = False
-        self.history.commit(B, pos_before, num_new, hidden, history)
-        self.draft.commit(B, pos_before, num_new, hidden, history)
+        self.history.commit(B, pos_before, num_new, hidden, read)
+        self.draft.commit(B, pos_before, num_new, hidden, read)
 
     def release(self, slot: int, generated: int) -> None:
         self.history.release(slot, generated)
@@ -183,8 +190,8 @@ class CombinedDrafter(Drafter):
         """The merged tree of batch.k nodes per row (module docstring); `network`: with
         the draft network's candidates."""
         B, k = batch.last.shape[0], batch.k
-        self.history.sync(B, batch.pos, batch.history)
-        caps = batch.num_draft.tolist()
+        self.history.sync(B)
+        caps = batch.caps if batch.caps is not None else batch.num_draft.tolist()
         depth = min(DRAFT_DEPTH, k, max(caps, default=0))
         self._report.room = depth > 0
         drafted = None
@@ -192,7 +199,10 @@ class CombinedDrafter(Drafter):
             now = time.perf_counter()
             self._feed_network(batch)
             toks, probs = self.draft.candidates(batch, depth, min(DRAFT_WIDTH, k))  # [B, d, w]
-            drafted = (toks.tolist(), probs.tolist())
+            # one read of both (float64 holds every id and fp32 probability exactly): the
+            # merged tree is built on the host, so its form reads twice per iteration
+            both = torch.stack([toks.double(), probs.double()]).tolist()
+            drafted = ([[[int(t) for t in d] for d in row] for row in both[0]], both[1])
             self._report.network = time.perf_counter() - now
         c = {s: self.calibration(s) for s in SOURCES}
         tokens = [[0] * k for _ in range(B)]
@@ -216,23 +226,19 @@ class CombinedDrafter(Drafter):
             self._proposed[b] = {node: est[node] for node in chosen}
         return proposal(tokens, parents, lengths, batch.last.device)
 
-    def _learn(self, B: int, pos_before, num_new, history: torch.Tensor) -> None:
+    def _learn(self, B: int, read: Emitted) -> None:
         """Calibrate each source on the candidates the walk reached this iteration: the
         children of every node on the accepted path, taken or not."""
         for s in SOURCES:
             self.taken[s] *= DECAY
             self.predicted[s] *= DECAY
-        width = int(num_new[:B].max())
-        col = torch.arange(1, width + 1, device=history.device)
-        at = (pos_before[:B].unsqueeze(1) + col).clamp(max=history.shape[1] - 1)  # [B, W]
-        new, counts = history[:B].gather(1, at).tolist(), num_new.tolist()
         rows = [b for b in range(B) if self._proposed[b]]
         if not rows:
             return
         drafted = any("draft" in e for b in rows for e in self._proposed[b].values())
         gained = tokens = 0
         for b in rows:
-            kept = new[b][: counts[b]]  # accepted candidates, then the token drawn
+            kept = read.entered(b)  # accepted candidates, then the token drawn
             tokens += len(kept)
             gained += self._calibrate(self._proposed[b], kept)
         self._report.tokens = tokens / len(rows)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from specroll.device import upload
 from specroll.drafters.base import DraftBatch, Drafter, Proposal
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
@@ -30,7 +31,8 @@ class DraftModelDrafter(Drafter):
         self.cache: KVCache | None = None
         self.device = next(model.parameters()).device
         self.dpos = torch.zeros(0, dtype=torch.long, device=self.device)  # [S] cached tokens
-        self._proposed: tuple[torch.Tensor, int] | None = None
+        self.dpos_host: list[int] = []  # the same, on the host (no read sizes a catch-up)
+        self._proposed: tuple[torch.Tensor, list[int], int] | None = None
 
     def start(self, num_slots: int, max_len: int) -> None:
         c = self.cache
@@ -41,6 +43,7 @@ class DraftModelDrafter(Drafter):
             self.cache = None
             self.cache = KVCache(self.model.cfg, num_slots, max_len, p.dtype, p.device)
         self.dpos = torch.zeros(self.cache.num_slots, dtype=torch.long, device=self.device)
+        self.dpos_host = [0] * self.cache.num_slots
 
     @torch.inference_mode()
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
@@ -50,7 +53,9 @@ class DraftModelDrafter(Drafter):
         tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], **long)
         zeros = torch.zeros(len(prompts), **long)
         self.model(tokens, positions=zeros, cache=self.cache, slot_start=start, return_logits=False)
-        self.dpos[start : start + len(prompts)] = torch.tensor([len(p) for p in prompts], **long)
+        lengths = [len(p) for p in prompts]
+        self.dpos[start : start + len(prompts)] = upload(lengths, self.device)
+        self.dpos_host[start : start + len(prompts)] = lengths
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
@@ -58,12 +63,17 @@ class DraftModelDrafter(Drafter):
         # catch up: feed history[dpos .. pos] (1 token, or 2 after a full acceptance, ...)
         dpos = self.dpos[:B]
         n_feed = batch.pos + 1 - dpos  # [B] >= 1
-        w = int(n_feed.max())
+        pos_host = batch.pos_host if batch.pos_host is not None else batch.pos.tolist()
+        w = max(p + 1 - d for p, d in zip(pos_host, self.dpos_host[:B], strict=True))
         col = torch.arange(w, device=self.device)
         idx = (dpos.unsqueeze(1) + col).clamp(max=batch.history.shape[1] - 1)  # [B, w]
         feed = batch.history[:B].gather(1, idx)  # [B, w] (tail beyond n_feed is padding)
         logits = self.model(
-            feed, positions=dpos, cache=self.cache, logits_index=(n_feed - 1).unsqueeze(1)
+            feed,
+            positions=dpos,
+            cache=self.cache,
+            logits_index=(n_feed - 1).unsqueeze(1),
+            max_start=max(self.dpos_host[:B]),
         ).logits[:, 0]
         tokens, probs = [], []
         for i in range(k):
@@ -74,22 +84,24 @@ class DraftModelDrafter(Drafter):
             tokens.append(tok)
             probs.append(q)
             if i + 1 < k:
-                top = None if batch.max_pos is None else batch.max_pos + 1 + i  # no read-back
+                top = max(pos_host) + 1 + i  # no read-back
                 logits = self.model(
                     tok.unsqueeze(1), positions=batch.pos + 1 + i, cache=self.cache, max_start=top
                 ).logits[:, 0]
-        self._proposed = (batch.pos.clone(), k)
+        self._proposed = (batch.pos.clone(), list(pos_host), k)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
 
-    def commit(self, B, pos_before, num_new, hidden, history) -> None:
+    def commit(self, B, pos_before, num_new, hidden, read) -> None:
         if self._proposed is None:
             return  # nothing drafted this step: the cache catches up at the next proposal
-        pos, k = self._proposed
+        pos, pos_host, k = self._proposed
         # cached: last + drafts 1..k-1; valid: last + the accepted drafts (num_new - 1)
         valid = 1 + torch.minimum(num_new - 1, torch.full_like(num_new, k - 1))
         self.dpos[:B] = pos + valid
+        self.dpos_host[:B] = [p + min(e, k) for p, e in zip(pos_host, read.emitted, strict=True)]
         self._proposed = None
 
     def move(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst, int(self.dpos[src]))
+        self.cache.move(src, dst, self.dpos_host[src])
         self.dpos[dst] = self.dpos[src]
+        self.dpos_host[dst] = self.dpos_host[src]

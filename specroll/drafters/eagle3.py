@@ -46,7 +46,7 @@ class Eagle3Drafter(FeatureDrafter):
             return kept
         return self.head.fuse(list(kept.split(self.head.cfg.hidden_size, dim=-1)))
 
-    def run(self, depth, tokens, feats, positions, slot_start=0, logits_index=None):
+    def run(self, depth, tokens, feats, positions, slot_start=0, logits_index=None, max_start=None):
         return self.head(
             tokens,
             feats,
@@ -54,6 +54,7 @@ class Eagle3Drafter(FeatureDrafter):
             cache=self.cache,
             slot_start=slot_start,
             logits_index=logits_index,
+            max_start=max_start,
         )
 
     def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:

@@ -75,7 +75,6 @@ class HistoryDrafter(Drafter):
         self.recent: deque[int] = deque()  # finished rollouts in `others`, oldest first
         self._next_id = 0
         self.slots: list[_Row | None] = []
-        self._tokens: torch.Tensor | None = None  # the engine's token history ([S, L])
         self.learn = True
         """Finished rollouts join the history; False holds it fixed (`remember` still adds)."""
 
@@ -86,7 +85,6 @@ class HistoryDrafter(Drafter):
                 row.prompt.index.drop(row.sid)
                 row.prompt.live.discard(row.sid)
         self.slots = [None] * num_slots
-        self._tokens = None
 
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
         for i, seq in enumerate(seqs):
@@ -97,49 +95,36 @@ class HistoryDrafter(Drafter):
             prompt.live.add(row.sid)
             self.slots[start + i] = row
 
-    def commit(self, B, pos_before, num_new, hidden, history) -> None:
-        # nothing to do per iteration: a row's new tokens are read from the history when
-        # it is next drafted from (`sync`) or finishes (`release`: from the history of
-        # the last commit, whose rows compaction keeps in slot order), so the large-batch
-        # head of a rollout, where no row drafts, costs no Python per token here
-        self._tokens = history
+    def commit(self, B, pos_before, num_new, hidden, read) -> None:
+        # the rows' new tokens come from the engine's one read; they are indexed when the
+        # row is next drafted from (`sync`) or finishes (`release`), so the large-batch
+        # head of a rollout, where no row drafts, costs a list append per row here
+        for b, row in enumerate(self.slots[:B]):
+            if row is not None:
+                row.new += read.kept(b)
 
-    def sync(self, B: int, pos: torch.Tensor, history: torch.Tensor) -> None:
-        """Bring rows 0..B-1 (every live row: a row drafts from its live siblings) up to
-        `history` ([B, L] tokens by slot and position): their tokens through cache
-        position pos [B] and the latest sampled one, and those tokens' n-grams."""
-        self._tokens = history
-        if B == 0:
-            return
-        ends = (pos[:B] + 1).tolist()  # tokens known per row
-        self._extend(self.slots[:B], list(range(B)), ends)
+    def sync(self, B: int) -> None:
+        """Index the new tokens of rows 0..B-1 (every live row: a row drafts from its
+        live siblings): their n-grams join the suffix index."""
+        for row in self.slots[:B]:
+            if row is not None:
+                self._index(row)
 
-    def _extend(self, rows: list[_Row], slots: list[int], ends: list[int]) -> None:
-        """`rows` (at `slots`): their tokens (and n-grams) through history[slot, :end], in
-        one read-back."""
-        known = [len(row.tokens) for row in rows]
-        width = max(e - k for e, k in zip(ends, known, strict=True))
-        if width <= 0:
-            return
-        hist = self._tokens
-        dev = hist.device
-        first = torch.tensor(known, dtype=torch.long, device=dev)
-        at = (first.unsqueeze(1) + torch.arange(width, device=dev)).clamp(max=hist.shape[1] - 1)
-        new = hist[torch.tensor(slots, device=dev)].gather(1, at).tolist()  # [n, W]
-        for row, k, e, toks in zip(rows, known, ends, new, strict=True):
-            if e > k:
-                row.tokens.extend(toks[: e - k])
-                row.prompt.index.extend(row.sid, row.tokens, k)
+    @staticmethod
+    def _index(row: _Row) -> None:
+        if row.new:
+            known = len(row.tokens)
+            row.tokens += row.new
+            row.new = []
+            row.prompt.index.extend(row.sid, row.tokens, known)
 
     def release(self, slot: int, generated: int) -> None:
         row, self.slots[slot] = self.slots[slot], None
         if row is not None:
             end = len(row.prompt.ids) + generated  # the rollout: prompt and output
-            if self.learn and end > len(row.tokens) and self._tokens is not None:
-                self._extend([row], [slot], [end])
-            # what followed a stop token may have entered the history, not the rollout:
-            # cut it (n-grams indexed past the end point past it: `find` skips them)
-            del row.tokens[end:]
+            if self.learn:
+                self._index(row)
+            del row.tokens[end:]  # (n-grams indexed past the end point past it: skipped)
             self._keep(row, learn=self.learn)
 
     def _keep(self, row: _Row, learn: bool) -> None:
@@ -169,8 +154,8 @@ class HistoryDrafter(Drafter):
 
     def propose(self, batch: DraftBatch) -> Proposal:
         B, k = batch.last.shape[0], batch.k
-        self.sync(B, batch.pos, batch.history)
-        caps = batch.num_draft.tolist()
+        self.sync(B)
+        caps = batch.caps if batch.caps is not None else batch.num_draft.tolist()
         tokens = [[0] * k for _ in range(B)]
         parents = [list(range(k)) for _ in range(B)]
         lengths = [0] * B
@@ -323,4 +308,6 @@ class _Row:
     prompt: _Prompt
     sid: int
     tokens: list[int]
-    """Prompt + output so far (through the row's `last`)."""
+    """Prompt + output so far (through the row's `last`), as far as indexed."""
+    new: list[int] = field(default_factory=list)
+    """Output tokens read since, not yet indexed (`HistoryDrafter.sync`)."""

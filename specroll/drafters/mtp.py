@@ -33,7 +33,7 @@ class MTPDrafter(FeatureDrafter):
         h = hidden[self.hidden_layers[0]][:, :width]  # [n, width, H] before the final norm
         return self.draft.target.final_state(h)
 
-    def run(self, depth, tokens, feats, positions, slot_start=0, logits_index=None):
+    def run(self, depth, tokens, feats, positions, slot_start=0, logits_index=None, max_start=None):
         return self.draft(
             depth,
             tokens,
@@ -42,4 +42,5 @@ class MTPDrafter(FeatureDrafter):
             cache=self.cache,
             slot_start=slot_start,
             logits_index=logits_index,
+            max_start=max_start,
         )

@@ -208,6 +208,7 @@ class Eagle3Head(nn.Module):
         slot_start: int = 0,
         unroll: Unroll | None = None,
         logits_index: torch.Tensor | None = None,
+        max_start: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft logits [B, n, Vd] (n = T unless `logits_index`) and prenorm hidden
         [B, T, H] (the next step's `hidden`).
@@ -221,6 +222,7 @@ class Eagle3Head(nn.Module):
         (logits None: call `readout` on the positions that are scored). logits_index:
         [B, n] indices into T that need logits (catching up on many committed pairs needs
         only the last one's: the read-out over the draft vocabulary is most of the cost).
+        max_start: max(positions) when the caller knows it on the host (no read-back).
         """
         if self.embed is None:
             raise ValueError("Eagle3Head has no token embedding: call set_embedding(target)")
@@ -233,7 +235,9 @@ class Eagle3Head(nn.Module):
         if unroll is not None:
             pos, mask, cache_len = unroll.pos, unroll.mask, 0
         else:
-            pos, mask, cache_len = attention_layout(c, tokens, positions, cache, slot_start)
+            pos, mask, cache_len = attention_layout(
+                c, tokens, positions, cache, slot_start, max_start
+            )
         cos, sin = self.rotary(pos)  # [B, T, 1, hd] each
         pk = self._packed_weights() or {}
         eps = cfg.rms_norm_eps

@@ -183,6 +183,7 @@ class MTPDraft(nn.Module):
         slot_start: int = 0,
         logits_index: torch.Tensor | None = None,
         unroll: Unroll | None = None,
+        max_start: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run head i % num_heads.
 
@@ -193,6 +194,7 @@ class MTPDraft(nn.Module):
         Key j is visible to query t of row b iff j <= positions[b] + t; row b uses cache
         slot slot_start + b. logits_index: [B, n] indices into T that need logits.
         unroll: a training-time-test step (drafting.ttt) instead of positions / cache.
+        max_start: max(positions) when the caller knows it on the host (no read-back).
         Returns (logits [B, n, V] with n = T unless logits_index, state [B, T, H]).
         """
         lc_cfg = self.cfg.layer
@@ -200,7 +202,9 @@ class MTPDraft(nn.Module):
         j = i % self.num_heads
         if cache is not None and cache.k.shape[0] != self.num_heads:
             raise ValueError(f"cache has {cache.k.shape[0]} layers, need {self.num_heads}")
-        pos, mask, cache_len = attention_layout(lc_cfg, tokens, positions, cache, slot_start)
+        pos, mask, cache_len = attention_layout(
+            lc_cfg, tokens, positions, cache, slot_start, max_start
+        )
         layer_cache = None
         if unroll is not None:  # training-time test step (see drafting.ttt)
             pos, mask, layer_cache = unroll.pos, unroll.mask, unroll.chain

@@ -63,6 +63,10 @@ class EngineConfig:
     """Cache slots: the most requests decoded together."""
     seed: int = 0
     """Seeds requests that carry none (in submission order)."""
+    cuda_graphs: bool = False
+    """On a CUDA device, replay each decoding iteration's device step as a CUDA graph
+    captured per (batch bucket, depth) (`engine.graphs`); ignored elsewhere. Off until
+    measured better on a GPU (benchmarks/gpu_check.py)."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:

@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import torch
 
-from specroll.drafters.base import DraftBatch, Drafter, Proposal
+from specroll.drafters.base import DraftBatch, Drafter, Emitted, Proposal
 from specroll.engine import tree_step
 from specroll.engine.depth import DepthPolicy
 from specroll.engine.slots import Slots
@@ -79,10 +79,10 @@ class Stepper:
             none = torch.zeros(len(group), **long)
             ctx = self.model.cfg.max_position_embeddings
             ver = self._verify_chain(st, rows, span, out.logits, none, None)
-            _, first = self._accept(st, rows, span, ver, none, ctx, observe=False)
+            read = self._accept(st, rows, span, ver, none, ctx, observe=False)
             if self.drafter is not None:
                 t = time.perf_counter()
-                seqs = [p + [x] for p, x in zip(group, first, strict=True)]
+                seqs = [p + read.entered(b) for b, p in enumerate(group)]
                 self.drafter.prefill(start + i, seqs, out.hidden)
                 self.stats.draft_s += time.perf_counter() - t
             i = j
@@ -127,7 +127,8 @@ class Stepper:
                     sampling=st.sampling(slice(0, B), range(B)),
                     seed=st.seed[:B],
                     n_gen=st.n_gen[:B],
-                    max_pos=top,
+                    pos_host=pos_host,
+                    caps=st.caps(B, k),
                     form=form,
                 )
             )
@@ -157,16 +158,16 @@ class Stepper:
             self.stats.target_s += time.perf_counter() - t
             ver = self._verify_chain(st, rows, range(B), out.logits, num_draft, (drafts, probs))
             nodes, hidden = num_draft, out.hidden
-        emitted, _ = self._accept(st, rows, range(B), ver, num_draft, ctx, nodes=nodes, hits=hits)
+        read = self._accept(st, rows, range(B), ver, num_draft, ctx, nodes=nodes, hits=hits)
         if self.drafter is not None:
             t = time.perf_counter()
-            self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, hidden, st.history)
+            self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, hidden, read)
             self.stats.draft_s += time.perf_counter() - t
         if form is not None:  # what the form measured: its proposal, the rest of the iteration
             rest = time.perf_counter() - t_proposed
             self.depth.forms.observe(self.drafter.report(), proposing, rest)
         self.depth.observe_time(B, k, mean_ctx, time.perf_counter() - t_iter)
-        return emitted
+        return sum(read.count)
 
     def _verify_chain(
         self,
@@ -218,7 +219,7 @@ class Stepper:
         observe: bool = True,
         nodes: torch.Tensor | None = None,
         hits: torch.Tensor | None = None,
-    ) -> tuple[int, list[int]]:
+    ) -> Emitted:
         """Record each row's verified tokens up to its first stop condition.
 
         rows: [n] the slots (on the device); span: the same slots on the host. ver: the
@@ -227,11 +228,12 @@ class Stepper:
         exceed num_draft; None: none), hits [k] per tree node the rows whose accepted path
         went through it (what the depth policy learns from a tree). Every row advances its
         cache position by the tokens that entered the cache (`last` + accepted drafts).
-        Returns (tokens recorded, each row's new `last`).
+        Returns what the host read of it (`Emitted`: positions, tokens, counts).
 
-        The host learns what it needs of the iteration — positions, finish codes, the
-        speculation counters — from one read-back of a packed tensor: on a GPU, the one
-        stall of an iteration here (`engine.syncs`).
+        The host learns what it needs of the iteration — positions, tokens, finish codes,
+        the speculation counters — from one read-back of a packed tensor: on a GPU, the
+        one stall of an iteration (`engine.syncs`), and all that drafters working on the
+        host (history) learn of it.
         """
         n, K1 = ver.tokens.shape
         K = K1 - 1
@@ -240,23 +242,26 @@ class Stepper:
         emitted = ver.num_emitted  # [n]
         out = ver.tokens.clamp(min=0)  # [n, K+1]
         count, finish = st.cut(rows, out, emitted, ctx)
-        last = st.record(rows, idx, out, ver.logprobs, emitted, count, finish)
+        st.record(rows, idx, out, ver.logprobs, emitted, count, finish)
         drafted = st.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
         if nodes is None:
             nodes = torch.zeros_like(num_draft)
-        parts = [emitted, count, finish, num_draft, ver.num_accepted, last, nodes]
+        parts = [emitted, count, finish, num_draft, ver.num_accepted, nodes, out.flatten()]
         if drafted is not None and observe:  # per-position totals: statistics, depth policy
             parts += [ver.accepted.sum(0), drafted.sum(0), (ver.accepted & drafted).sum(0)]
             if hits is not None:
                 parts.append(hits)
         host = torch.cat(parts).tolist()  # the iteration's one read-back
-        h_emit, h_count, h_finish, h_draft, h_acc, h_last, h_nodes = (
-            host[i * n : (i + 1) * n] for i in range(7)
+        h_emit, h_count, h_finish, h_draft, h_acc, h_nodes = (
+            host[i * n : (i + 1) * n] for i in range(6)
         )
         st.mirror(span, h_emit, h_count, h_finish)
+        read = Emitted(
+            [st.pos_host[b] for b in span], h_emit, h_count, host[6 * n : 6 * n + n * K1], K1
+        )
         total = sum(h_count)
         if observe:  # decode/verify forward (prefill is not a speculation step)
-            per_pos = host[7 * n :]
+            per_pos = host[6 * n + n * K1 :]
             acc_pos, drafted_pos = per_pos[:K], per_pos[K : 2 * K]
             # what the depth policy learns: per position (chain), per node (tree)
             acc_drafted = per_pos[3 * K :] if hits is not None else per_pos[2 * K : 3 * K]
@@ -273,7 +278,7 @@ class Stepper:
                     sum(d > 0 for d in h_draft),
                     sum(a > 0 and d > 0 for a, d in zip(h_acc, h_draft, strict=True)),
                 )
-        return total, h_last
+        return read
 
     def _watch(self, drafted: int, first_accepted: int) -> None:
         """Rows that drafted this iteration, and those whose first draft token was kept."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from specroll.device import synchronize
+from specroll.device import synchronize, upload
 from specroll.drafters.base import Drafter, Proposal
 from specroll.engine.costmodel import CostModel, fit_features, fit_linear, fit_target
 from specroll.engine.depth import FixedDepth
@@ -71,11 +71,11 @@ class RandomTree(Drafter):
         tokens = torch.randint(0, self.vocab, (B, k), generator=self.g)
         dev = batch.last.device
         if not self.tree:
-            return Proposal(tokens=tokens.to(dev), probs=None)
+            return Proposal(tokens=upload(tokens, dev), probs=None)
         parents = torch.stack(
             [torch.randint(0, j + 1, (B,), generator=self.g) for j in range(k)], 1
         )
-        return Proposal(tokens=tokens.to(dev), probs=None, parents=parents.to(dev))
+        return Proposal(tokens=upload(tokens, dev), probs=None, parents=upload(parents, dev))
 
 
 def tree_terms(

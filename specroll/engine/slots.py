@@ -70,6 +70,8 @@ class Slots:
         """tokens each slot may still generate (max_new - n_gen), on the host."""
         self.params_host = [(1.0, 0, 1.0)] * n
         """(temperature, top_k, top_p) of each slot, on the host (`Hints`)."""
+        self.max_draft_host = [-1] * n
+        """max_draft of each slot (-1: no cap), on the host."""
 
     @property
     def history(self) -> torch.Tensor:
@@ -81,6 +83,15 @@ class Slots:
         as a host range), for draft and verifier, with their host-side `Hints`."""
         hints = Hints.of([self.params_host[b] for b in span])
         return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows], hints)
+
+    def caps(self, B: int, k: int) -> list[int]:
+        """Tokens each of rows 0..B-1 may draft at depth k, on the host: its request's
+        cap (`max_draft`), and no more than its budget can keep (r tokens to go: r - 1
+        drafts and the bonus token). The same as `Engine._step`'s num_draft on the device."""
+        return [
+            min(k if m < 0 else min(m, k), left - 1)
+            for m, left in zip(self.max_draft_host[:B], self.left_host[:B], strict=True)
+        ]
 
     def tensors(self) -> list[torch.Tensor]:
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
@@ -94,6 +105,7 @@ class Slots:
             self.finish_host,
             self.left_host,
             self.params_host,
+            self.max_draft_host,
         ):
             host[dst] = host[src]
 
@@ -112,7 +124,7 @@ class Slots:
         self.temperature[b] = p.temperature
         self.top_k[b] = p.top_k
         self.top_p[b] = p.top_p
-        self.max_draft[b] = -1 if p.max_draft is None else p.max_draft
+        self.max_draft[b] = self.max_draft_host[b] = -1 if p.max_draft is None else p.max_draft
         self.stops[b] = -1
         if stops:
             self.stops[b, : len(stops)] = torch.tensor(stops, dtype=torch.long, device=self.device)

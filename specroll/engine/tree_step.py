@@ -47,12 +47,12 @@ def run(
     parents = torch.cat([torch.full((B, 1), -1, **long), prop.parents], dim=1)  # [B, N]
     filled = k if prop.lengths is None else prop.lengths.unsqueeze(1)
     parents = parents.masked_fill(torch.arange(k + 1, **long) > filled, -1)
-    anc = tree.ancestors(parents)  # [B, N, N]
+    paced = dev.type in HOST_PACED
+    anc = tree.ancestors(parents, stop_early=paced)  # [B, N, N]
     depth = tree.depths(anc)  # [B, N]
     used = (parents >= 0) & (depth <= num_draft.unsqueeze(1))  # [B, N] verified nodes
     parents = parents.masked_fill(~used, -1)  # a cut node is nobody's child
     row_depth = (depth * used).amax(1)  # [B]
-    paced = dev.type in HOST_PACED
     D = int(row_depth.max()) if paced else k  # masked: a bound known without a read
     layers = drafter.hidden_layers
     L = model.cfg.num_layers

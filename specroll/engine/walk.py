@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from specroll.drafters.base import DraftBatch, Drafter
+from specroll.drafters.base import DraftBatch, Drafter, Emitted
 from specroll.spec.sampling import RowSampling
 
 
@@ -77,8 +77,9 @@ def walk(
     while rows:
         n = len(rows)
         g = torch.tensor([n_gen[j] for j in rows])
-        pos = torch.tensor([len(prompts[j]) - 1 + n_gen[j] for j in rows])
-        cap = torch.tensor([min(k, budget[j] - n_gen[j] - 1) for j in rows]).clamp(min=0)
+        pos_host = [len(prompts[j]) - 1 + n_gen[j] for j in rows]
+        caps = [max(min(k, budget[j] - n_gen[j] - 1), 0) for j in rows]
+        pos, cap = torch.tensor(pos_host), torch.tensor(caps)
         prop = drafter.propose(
             DraftBatch(
                 k=k,
@@ -89,22 +90,28 @@ def walk(
                 sampling=RowSampling.full(n, 1.0),
                 seed=torch.zeros(n, dtype=torch.long),
                 n_gen=g,
+                pos_host=pos_host,
+                caps=caps,
             )
         )
-        num = []
+        num, new = [], []
         for slot, j in enumerate(rows):
             r, at = responses[j], n_gen[j]
             a = _descend(prop, slot, r[at:], int(cap[slot]))
             emitted = min(a + 1, len(r) - at)
             n_gen[j] += emitted
             num.append(emitted)
+            new.append(r[at : at + emitted])
             out.row_forwards += 1
             out.emitted += emitted
             out.nodes += k if prop.lengths is None else int(prop.lengths[slot])
             if _proposed(prop, slot):
                 out.drafted += 1
                 out.accepted += a
-        drafter.commit(n, pos, torch.tensor(num), {}, history[rows])
+        width = max(len(x) for x in new)
+        flat = [t for x in new for t in x + [0] * (width - len(x))]
+        after = [p + e for p, e in zip(pos_host, num, strict=True)]
+        drafter.commit(n, pos, torch.tensor(num), {}, Emitted(after, num, num, flat, width))
         for slot in reversed(range(n)):
             if n_gen[rows[slot]] >= len(responses[rows[slot]]):
                 rows = _release(drafter, rows, slot, len(responses[rows[slot]]))

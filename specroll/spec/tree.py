@@ -41,18 +41,18 @@ import torch
 from specroll.spec.sampling import RowSampling, sample_from_probs, temper, truncate
 
 
-def ancestors(parents: torch.Tensor) -> torch.Tensor:
+def ancestors(parents: torch.Tensor, stop_early: bool | None = None) -> torch.Tensor:
     """[B, N] parent indices (−1: none) → [B, N, N] bool, [b, i, j] = node j is node i or
     one of its ancestors. Pointer doubling: log2(depth) boolean products, no Python per
-    node. Parents must have smaller indices than their children. No host read on an
-    accelerator: the squarings stop early (at the tree's depth) only on the CPU, where
-    looking costs nothing; elsewhere all log2(N) of them run (the fixed point is the
-    same)."""
+    node. Parents must have smaller indices than their children. `stop_early`: stop
+    squaring at the tree's depth, which reads the device back (default: on the CPU
+    only, where looking costs nothing); otherwise all log2(N) squarings run (the fixed
+    point is the same)."""
     B, N = parents.shape
     eye = torch.eye(N, dtype=torch.bool, device=parents.device).expand(B, N, N)
     up = torch.nn.functional.one_hot(parents.clamp(min=0), N).bool()  # [B, N, N]
     anc = eye | (up & (parents >= 0).unsqueeze(-1))
-    look = parents.device.type == "cpu"
+    look = parents.device.type == "cpu" if stop_early is None else stop_early
     reach = 1
     while reach < N:  # anc covers ancestors up to `reach` levels up; square to double it
         nxt = torch.bmm(anc.float(), anc.float()) > 0
