@@ -41,12 +41,14 @@ def test_logits_match_transformers_on_gpu(hf_dirs, variant, dtype):
     hf.to("cpu", torch.float32)  # the session fixture is shared with CPU tests
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("drafter", ["draft_model", "eagle3"])
-def test_speculative_joint_distribution_is_exact_on_gpu(drafter, dtype):
+def test_speculative_joint_distribution_is_exact_on_gpu(drafter, dtype, graphs):
     """The CPU suite's chi-square test (tests/test_spec_engine.py), on the GPU: the
     three-token joint of speculative decoding against the exact plain-decoding one of the
-    same (GPU, dtype) model, with the same power check."""
+    same (GPU, dtype) model, with the same power check; eager, and replayed as CUDA
+    graphs (`engine.graphs`)."""
     from specroll.engine import Engine, EngineConfig
     from specroll.engine.depth import FixedDepth
     from tests.conftest import (
@@ -64,10 +66,12 @@ def test_speculative_joint_distribution_is_exact_on_gpu(drafter, dtype):
     d = make()
     if d.network is not None:
         d.network.to(device="cuda", dtype=dtype)
-    engine = Engine(target, EngineConfig(max_batch=512), drafter=d, depth=FixedDepth(3))
+    config = EngineConfig(max_batch=512, cuda_graphs=graphs)
+    engine = Engine(target, config, drafter=d, depth=FixedDepth(3))
     counts = sample_joint(engine, JOINT_SAMPLES, 1.0, 0, 1.0, mixed=True).cpu()
     s = engine.stats
     assert s.draft_tokens > JOINT_SAMPLES // 2 and s.acceptance_rate < 0.95
+    assert (s.graphs > 0) == graphs
     exact = exact_joint(target, 1.0, 0, 1.0).cpu()
     assert chi2_pvalue(counts, exact) > 1e-4
     assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4

@@ -43,8 +43,10 @@ from dataclasses import dataclass
 import torch
 
 from specroll.drafters.base import Drafter
+from specroll.engine import graphs
 from specroll.engine.depth import DepthPolicy, FixedDepth
 from specroll.engine.forms import FORMS
+from specroll.engine.graphs import Graphs
 from specroll.engine.heap import young_heap_only
 from specroll.engine.iteration import Stepper
 from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
@@ -108,6 +110,7 @@ class Engine(Stepper):
         if not set(self.forms) <= set(FORMS):
             raise ValueError(f"drafter forms must be among {FORMS}, got {self.forms}")
         self.stats = SpecStats()
+        self.step_graphs: Graphs | None = None
         self._collapse = CollapseDetector()
         self.policy_version = 0
         """Version of the policy weights (set by `load_weights`; reported in every Result)."""
@@ -185,6 +188,11 @@ class Engine(Stepper):
             self.drafter.start(self.cache.num_slots, self.cache.max_len)
             self.depth.forms.restart()  # the time between calls is not an iteration
         self.stats = SpecStats()
+        self.step_graphs = (
+            Graphs(self.device)
+            if self.config.cuda_graphs and self.device.type in graphs.STATIC_ON
+            else None
+        )
         versions = (self.policy_version, None if self.drafter is None else self.drafter.version)
 
         # collection passes inside the loop skip the long-lived heap (`engine.heap`)
@@ -224,6 +232,11 @@ class Engine(Stepper):
                 if on_progress is not None:
                     on_progress(stepped, len(done))
         self.stats.total_s = time.perf_counter() - t0
+        if self.step_graphs is not None:
+            self.stats.graphs = len(self.step_graphs)
+            self.stats.capture_s = self.step_graphs.capture_s
+            self.stats.graph_bytes = self.step_graphs.pool_bytes
+            self.step_graphs = None  # they hold this call's slots
         return Results(results, self.stats)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ bookkeeping

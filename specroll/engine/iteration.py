@@ -19,13 +19,14 @@ import numpy as np
 import torch
 
 from specroll.drafters.base import DraftBatch, Drafter, Emitted, Proposal
-from specroll.engine import tree_step
+from specroll.engine import graphs, tree_step
 from specroll.engine.depth import DepthPolicy
 from specroll.engine.slots import Slots
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.spec import rng
 from specroll.spec.metrics import CollapseDetector, SpecStats
+from specroll.spec.sampling import Hints, RowSampling
 from specroll.spec.tree import TreeVerifyOutput
 from specroll.spec.verify import VerifyOutput, verify
 
@@ -44,6 +45,7 @@ class Stepper:
     forms: tuple[str, ...]
     stats: SpecStats
     _collapse: CollapseDetector
+    step_graphs: graphs.Graphs | None
 
     def _prefill(self, st: Slots, start: int, prompts: list[list[int]]) -> None:
         """Prefill new rows at slots start.. in groups of at most `PREFILL_TOKENS`."""
@@ -78,8 +80,9 @@ class Stepper:
             st.prompts(rows, span, tokens, lengths, [len(p) for p in group])
             none = torch.zeros(len(group), **long)
             ctx = self.model.cfg.max_position_embeddings
-            ver = self._verify_chain(st, rows, span, out.logits, none, None)
-            read = self._accept(st, rows, span, ver, none, ctx, observe=False)
+            sampling = st.sampling(rows, span)
+            ver = self._verify_chain(st, rows, out.logits, none, None, sampling)
+            read = self._accept(st, rows, span, ver, none, ctx)
             if self.drafter is not None:
                 t = time.perf_counter()
                 seqs = [p + read.entered(b) for b, p in enumerate(group)]
@@ -110,10 +113,8 @@ class Stepper:
             room if self.drafter is not None and self.drafter.tree else max(st.left_host[:B]) - 1
         )
         k = max(0, min(k, room, deepest))
-        num_draft = st.max_draft[:B].clamp(max=k)  # [B] per-request cap, -1 = no cap
-        num_draft = torch.where(num_draft < 0, k, num_draft)
-        num_draft = torch.minimum(num_draft, st.max_new[:B] - st.n_gen[:B] - 1)
-        drafts, probs, prop, form = torch.zeros(B, k, **long), None, None, None
+        num_draft = st.num_draft(B, k)  # [B]
+        prop, form = None, None
         if k > 0:
             form = self.depth.forms.choose(k) if self.forms else None
             t = time.perf_counter()
@@ -135,30 +136,21 @@ class Stepper:
             t_proposed = time.perf_counter()
             proposing = t_proposed - t
             self.stats.draft_s += proposing
-            drafts, probs = prop.tokens, prop.probs
             if prop.lengths is not None and prop.parents is None:
                 num_draft = torch.minimum(num_draft, prop.lengths)
         pos_before = st.pos[:B].clone()
-        hits = None
         if prop is not None and prop.parents is not None:
             ver, num_draft, nodes, hidden = self._verify_tree(st, B, prop, num_draft)
             # [k] rows whose accepted path went through node i + 1 (adaptive tree size)
             on_path = torch.zeros(B, k + 1, **long).scatter_(1, ver.path, 1)
             hits = on_path[:, 1:].sum(0)
+            packed = self._record(st, rows, ver, num_draft, ctx, nodes=nodes, hits=hits)
+            read = self._read(st, range(B), packed.tolist(), B, ver.tokens.shape[1], tree=True)
         else:
-            tokens = torch.cat([st.last[:B, None], drafts], dim=1)  # [B, k+1]
             t = time.perf_counter()
-            out = self.model(
-                tokens,
-                positions=st.pos[:B],
-                cache=self.cache,
-                hidden_layers=self.drafter.hidden_layers if self.drafter else (),
-                max_start=top,
-            )
+            packed, hidden, n = self._chain(st, B, k, prop, num_draft, top, ctx)
             self.stats.target_s += time.perf_counter() - t
-            ver = self._verify_chain(st, rows, range(B), out.logits, num_draft, (drafts, probs))
-            nodes, hidden = num_draft, out.hidden
-        read = self._accept(st, rows, range(B), ver, num_draft, ctx, nodes=nodes, hits=hits)
+            read = self._read(st, range(B), packed.tolist(), n, k + 1)
         if self.drafter is not None:
             t = time.perf_counter()
             self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, hidden, read)
@@ -169,18 +161,94 @@ class Stepper:
         self.depth.observe_time(B, k, mean_ctx, time.perf_counter() - t_iter)
         return sum(read.count)
 
+    def _chain(
+        self,
+        st: Slots,
+        B: int,
+        k: int,
+        prop: Proposal | None,
+        num_draft: torch.Tensor,
+        top: int,
+        ctx: int,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
+        """The device part of a chain (or plain, k = 0) iteration of rows 0..B-1: target
+        forward, verification, recording. Returns (the packed read of `_record`, the
+        drafter's hidden states of rows 0..B-1, the rows packed).
+
+        With graphs (`engine.graphs`) the same step runs over the static buffers of the
+        batch's bucket: rows past B are padding, the key axis is the key bucket's."""
+        long = dict(dtype=torch.long, device=self.device)
+        drafts = torch.zeros(B, 0, **long) if prop is None else prop.tokens  # [B, k]
+        probs = None if prop is None else prop.probs  # [B, k, V]
+        if self.step_graphs is None:
+            sampling = st.sampling(slice(0, B), range(B))
+            packed, hidden = self._chain_step(st, B, drafts, probs, num_draft, top, ctx, sampling)
+            return packed, hidden, B
+        lengths = None if prop is None else prop.lengths
+        Bb = graphs.bucket(B, st.pos.shape[0])
+        hints = Hints.of(st.params_host[:B])  # the processors the live rows need
+        keys = graphs.key_bucket(top + k + 1, self.cache.max_len)  # the key axis
+        key = (Bb, k, keys, probs is not None, lengths is not None, hints)
+        V = self.model.cfg.vocab_size
+        buf = self.step_graphs.buffers(
+            key,
+            lambda: graphs.Inputs.new(
+                Bb, k, V, probs is not None, lengths is not None, self.device
+            ),
+        )
+        buf.fill(B, drafts, probs, lengths)
+
+        def step() -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+            live = torch.arange(Bb, **long) < buf.n_live  # [Bb]
+            nd = torch.where(live, st.num_draft(Bb, k), 0)
+            if buf.lengths is not None:
+                nd = torch.minimum(nd, buf.lengths)
+            sampling = st.sampling(slice(0, Bb), None, hints).only(live)
+            start = keys - (k + 1)  # the `max_start` that gives that key axis
+            return self._chain_step(st, Bb, buf.drafts, buf.probs, nd, start, ctx, sampling, live)
+
+        packed, hidden = self.step_graphs.run(key, step)
+        return packed, {i: h[:B] for i, h in hidden.items()}, Bb
+
+    def _chain_step(
+        self,
+        st: Slots,
+        n: int,
+        drafts: torch.Tensor,
+        probs: torch.Tensor | None,
+        num_draft: torch.Tensor,
+        max_start: int,
+        ctx: int,
+        sampling: RowSampling,
+        live: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Rows 0..n-1 (`live`: those that are not padding; None: all): drafts [n, k],
+        their q [n, k, V] or None → (the packed read, hidden states). No host read, no
+        host value but the shapes and max_start: what a CUDA graph can hold."""
+        rows = torch.arange(n, device=self.device)
+        pos = st.pos[:n] if live is None else torch.where(live, st.pos[:n], 0)
+        out = self.model(
+            torch.cat([st.last[:n, None], drafts], dim=1),  # [n, k+1]
+            positions=pos,
+            cache=self.cache,
+            hidden_layers=self.drafter.hidden_layers if self.drafter else (),
+            max_start=max_start,
+        )
+        ver = self._verify_chain(st, rows, out.logits, num_draft, (drafts, probs), sampling)
+        packed = self._record(st, rows, ver, num_draft, ctx, nodes=num_draft, live=live)
+        return packed, out.hidden
+
     def _verify_chain(
         self,
         st: Slots,
         rows: torch.Tensor,
-        span: range,
         logits: torch.Tensor,
         num_draft: torch.Tensor,
         proposal: tuple[torch.Tensor, torch.Tensor | None] | None,
+        sampling: RowSampling,
     ) -> VerifyOutput:
         """Verify a chain of drafts per row (none at prefill). rows: [n] the slots (on
-        the device); span: the same slots on the host. logits: [n, k+1, V] target logits
-        at `last` and each draft."""
+        the device); logits: [n, k+1, V] target logits at `last` and each draft."""
         n, K1, _ = logits.shape
         K = K1 - 1
         long = dict(dtype=torch.long, device=self.device)
@@ -188,13 +256,13 @@ class Stepper:
             proposal = (torch.zeros(n, 0, **long), None)
         drafts, probs = proposal
         n_gen, seed = st.n_gen[rows], st.seed[rows]
-        idx = n_gen.unsqueeze(1) + torch.arange(K1, **long)  # [n, K+1] output index of each slot
+        idx = n_gen.unsqueeze(1) + torch.arange(K1, **long)  # [n, K+1] output index of each
         return verify(
             logits,
             drafts,
             num_draft,
             probs,
-            st.sampling(rows, span),
+            sampling,
             rng.uniforms(seed, idx[:, :K], rng.ACCEPT),
             rng.uniforms(seed, idx, rng.SAMPLE),
         )
@@ -213,64 +281,93 @@ class Stepper:
         st: Slots,
         rows: torch.Tensor,
         span: range,
+        ver: VerifyOutput,
+        num_draft: torch.Tensor,
+        ctx: int,
+    ) -> Emitted:
+        """`_record` and `_read` of a prefill's first tokens (not a speculation step)."""
+        packed = self._record(st, rows, ver, num_draft, ctx)
+        return self._read(st, span, packed.tolist(), len(span), ver.tokens.shape[1], observe=False)
+
+    def _record(
+        self,
+        st: Slots,
+        rows: torch.Tensor,
         ver: VerifyOutput | TreeVerifyOutput,
         num_draft: torch.Tensor,
         ctx: int,
-        observe: bool = True,
         nodes: torch.Tensor | None = None,
         hits: torch.Tensor | None = None,
-    ) -> Emitted:
-        """Record each row's verified tokens up to its first stop condition.
+        live: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Record each row's verified tokens up to its first stop condition, on the device.
 
-        rows: [n] the slots (on the device); span: the same slots on the host. ver: the
-        verification of K drafted positions per row (chain or tree), num_draft [n] the
-        positions each row drafted, nodes [n] the candidates it verified (a tree's may
-        exceed num_draft; None: none), hits [k] per tree node the rows whose accepted path
-        went through it (what the depth policy learns from a tree). Every row advances its
+        rows: [n] the slots; ver: the verification of K drafted positions per row (chain
+        or tree), num_draft [n] the positions each row drafted, nodes [n] the candidates
+        it verified (a tree's may exceed num_draft; None: none), hits [k] per tree node
+        the rows whose accepted path went through it (what the depth policy learns from a
+        tree), live [n] the rows that are not padding (None: all). Every row advances its
         cache position by the tokens that entered the cache (`last` + accepted drafts).
-        Returns what the host read of it (`Emitted`: positions, tokens, counts).
 
-        The host learns what it needs of the iteration — positions, tokens, finish codes,
-        the speculation counters — from one read-back of a packed tensor: on a GPU, the
-        one stall of an iteration (`engine.syncs`), and all that drafters working on the
-        host (history) learn of it.
+        Returns what the host needs to learn of the iteration — positions, tokens, finish
+        codes, the speculation counters — packed in one tensor, which `_read` reads back
+        once: on a GPU, the one stall of an iteration (`engine.syncs`), and all that
+        drafters working on the host (history) learn of it.
         """
         n, K1 = ver.tokens.shape
-        K = K1 - 1
         long = dict(dtype=torch.long, device=self.device)
         idx = st.n_gen[rows].unsqueeze(1) + torch.arange(K1, **long)  # [n, K+1] output index
         emitted = ver.num_emitted  # [n]
         out = ver.tokens.clamp(min=0)  # [n, K+1]
+        if live is not None:  # padding rows emit nothing and keep nothing
+            emitted = torch.where(live, emitted, 0)
         count, finish = st.cut(rows, out, emitted, ctx)
+        if live is not None:
+            count = torch.where(live, count, 0)
+            finish = torch.where(live, finish, st.finish[rows])
         st.record(rows, idx, out, ver.logprobs, emitted, count, finish)
         drafted = st.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
         if nodes is None:
             nodes = torch.zeros_like(num_draft)
         parts = [emitted, count, finish, num_draft, ver.num_accepted, nodes, out.flatten()]
-        if drafted is not None and observe:  # per-position totals: statistics, depth policy
+        if drafted is not None:  # per-position totals: statistics, depth policy
             parts += [ver.accepted.sum(0), drafted.sum(0), (ver.accepted & drafted).sum(0)]
             if hits is not None:
                 parts.append(hits)
-        host = torch.cat(parts).tolist()  # the iteration's one read-back
+        return torch.cat(parts)
+
+    def _read(
+        self,
+        st: Slots,
+        span: range,
+        host: list[int],
+        n: int,
+        K1: int,
+        tree: bool = False,
+        observe: bool = True,
+    ) -> Emitted:
+        """The host's half of `_record`: `host` is its packed tensor, read back, for n
+        rows (the first len(span) of them live, at slots `span`) of K1 candidates each
+        (`tree`: with per-node hits). Brings the slots' host mirrors up to date and, for
+        a decode/verify step (`observe`), the statistics and the depth policy."""
+        B, K = len(span), K1 - 1
         h_emit, h_count, h_finish, h_draft, h_acc, h_nodes = (
-            host[i * n : (i + 1) * n] for i in range(6)
+            host[i * n : i * n + B] for i in range(6)
         )
         st.mirror(span, h_emit, h_count, h_finish)
-        read = Emitted(
-            [st.pos_host[b] for b in span], h_emit, h_count, host[6 * n : 6 * n + n * K1], K1
-        )
+        read = Emitted([st.pos_host[b] for b in span], h_emit, h_count, host[6 * n :][: B * K1], K1)
         total = sum(h_count)
         if observe:  # decode/verify forward (prefill is not a speculation step)
             per_pos = host[6 * n + n * K1 :]
             acc_pos, drafted_pos = per_pos[:K], per_pos[K : 2 * K]
             # what the depth policy learns: per position (chain), per node (tree)
-            acc_drafted = per_pos[3 * K :] if hits is not None else per_pos[2 * K : 3 * K]
-            self.stats.observe_counts(n, K, total, h_draft, acc_pos, drafted_pos)
+            acc_drafted = per_pos[3 * K :] if tree else per_pos[2 * K : 3 * K]
+            self.stats.observe_counts(B, K, total, h_draft, acc_pos, drafted_pos)
             self.stats.draft_nodes += sum(h_nodes)
             if acc_drafted:
-                self.depth.observe_counts(n, acc_drafted, total)
-            if hits is not None:
-                self.stats.observe_tree(n, acc_drafted)
+                self.depth.observe_counts(B, acc_drafted, total)
+            if tree:
+                self.stats.observe_tree(B, acc_drafted)
             # first draft positions only: deep positions of a healthy draft are rarely
             # reached, a stale or corrupt one fails at once (history's misses are no fault)
             if self.drafter is not None and self.drafter.watch_collapse:

@@ -78,16 +78,26 @@ class Slots:
         """[S, L] prompt + generated ids per slot (a view without the slack columns)."""
         return self._history[:, : self.max_len]
 
-    def sampling(self, rows, span: range) -> RowSampling:
+    def sampling(self, rows, span: range | None, hints: Hints | None = None) -> RowSampling:
         """The sampling settings of `rows` (index tensor or slice; `span`: the same slots
-        as a host range), for draft and verifier, with their host-side `Hints`."""
-        hints = Hints.of([self.params_host[b] for b in span])
+        as a host range), for draft and verifier, with their host-side `Hints` (those of
+        `span`, or `hints` as given)."""
+        if hints is None:
+            hints = Hints.of([self.params_host[b] for b in span])
         return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows], hints)
+
+    def num_draft(self, n: int, k: int) -> torch.Tensor:
+        """[n] tokens each of rows 0..n-1 may draft at depth k: its request's cap
+        (`max_draft`, -1: none), and no more than its budget can keep (r tokens to go:
+        r - 1 drafts and the bonus token). `caps` is the same on the host."""
+        cap = self.max_draft[:n].clamp(max=k)
+        cap = torch.where(cap < 0, k, cap)
+        return torch.minimum(cap, self.max_new[:n] - self.n_gen[:n] - 1)
 
     def caps(self, B: int, k: int) -> list[int]:
         """Tokens each of rows 0..B-1 may draft at depth k, on the host: its request's
         cap (`max_draft`), and no more than its budget can keep (r tokens to go: r - 1
-        drafts and the bonus token). The same as `Engine._step`'s num_draft on the device."""
+        drafts and the bonus token). `num_draft` is the same on the device."""
         return [
             min(k if m < 0 else min(m, k), left - 1)
             for m, left in zip(self.max_draft_host[:B], self.left_host[:B], strict=True)
@@ -192,7 +202,8 @@ class Slots:
         self.tokens[r2, idx] = torch.where(keep, tokens, self.tokens[r2, idx])
         self.logprobs[r2, idx] = torch.where(keep, logprobs, self.logprobs[r2, idx])
         self._history[r2, hpos] = torch.where(keep, tokens, self._history[r2, hpos])
-        last = tokens.gather(1, (emitted - 1).unsqueeze(1)).squeeze(1)  # [n]
+        last = tokens.gather(1, (emitted - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # [n]
+        last = torch.where(emitted > 0, last, self.last[rows])  # (padding rows emit none)
         self.last[rows] = last
         self.pos[rows] += emitted
         self.n_gen[rows] += count

@@ -25,6 +25,9 @@ _ADDITIVE = (
     "draft_nodes",
     "draft_s",
     "target_s",
+    "graphs",
+    "capture_s",
+    "graph_bytes",
 )
 """SpecStats scalars that add up across engines running side by side."""
 
@@ -64,6 +67,12 @@ class SpecStats:
     """Wall time in target forwards (prefill included)."""
     total_s: float = 0.0
     """Wall time of the whole generate() call."""
+    graphs: int = 0
+    """CUDA graphs of the decoding step captured in the call (`engine.graphs`)."""
+    capture_s: float = 0.0
+    """Wall time spent capturing them."""
+    graph_bytes: int = 0
+    """Device memory their shared pool took."""
 
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor, emitted: int) -> None:
         """num_draft: [B]; accepted: [B, K] cumulative acceptance mask; emitted: tokens out."""

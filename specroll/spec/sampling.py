@@ -68,6 +68,17 @@ class RowSampling:
         (without hints: a subset may switch off what the whole batch needed)."""
         return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows])
 
+    def only(self, live: torch.Tensor) -> RowSampling:
+        """These settings on the rows of `live` ([B] bool), plain sampling at T = 1
+        elsewhere: a padding row then needs no processor the live rows' hints leave out
+        (a step padded to a static batch, `engine.graphs`)."""
+        return RowSampling(
+            torch.where(live, self.temperature, 1.0),
+            torch.where(live, self.top_k, 0),
+            torch.where(live, self.top_p, 1.0),
+            self.hints,
+        )
+
     def any_greedy(self) -> bool:
         """Whether some row takes the argmax (from the hints when there are any)."""
         return self.hints.any_greedy if self.hints else bool(self.greedy.any())

@@ -43,6 +43,9 @@ class RolloutConfig:
     """Response budget."""
     max_batch: int = 32
     """Engine cache slots (concurrent rollouts)."""
+    cuda_graphs: bool = False
+    """On a CUDA device, replay the engine's decoding step as CUDA graphs (per batch
+    bucket and depth; `engine.graphs`). Off until measured better on a GPU."""
     speculative: bool = True
     """Generate with the draft (lossless); False = plain autoregressive decoding."""
     drafter: str = "eagle3"

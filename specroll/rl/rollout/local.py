@@ -72,7 +72,8 @@ def engine_with(
             depth = AdaptiveDepth(cost, k_max=k, tree=drafter.tree)
         else:
             depth = FixedDepth(k, max_batch=rollout_cfg.spec_max_batch)
-    return Engine(model, EngineConfig(max_batch=rollout_cfg.max_batch), drafter, depth)
+    config = EngineConfig(max_batch=rollout_cfg.max_batch, cuda_graphs=rollout_cfg.cuda_graphs)
+    return Engine(model, config, drafter, depth)
 
 
 class LocalRollout(RolloutBackend):

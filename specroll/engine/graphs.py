@@ -1,0 +1,165 @@
+"""The device step of a decoding iteration over static buffers, replayed as a CUDA graph.
+
+On a GPU a decode iteration of a small or memory-bound model is bound by kernel launches:
+a 30-layer forward, the verifier and the bookkeeping are a few hundred kernels of a few
+microseconds each. A CUDA graph launches them all at once. What a graph needs is what
+this module provides: one function whose every tensor has a fixed shape and address and
+whose every per-iteration input comes in through a buffer.
+
+* The batch is padded to a bucket (`BUCKETS`): rows past the live ones (`n_live`, a
+  one-element buffer) draft nothing, emit nothing and move nothing (`Stepper._chain`).
+* The key axis of attention is a key bucket (`key_bucket`: a power of two at least the
+  deepest row's position + k + 1, at most the cache), masked per row as before; the
+  host knows the positions (`Slots.pos_host`), so sizing it reads nothing back, and a
+  short context does not pay attention over the whole cache.
+* Drafts, their q and their lengths come in through buffers sized for the bucket and
+  depth; positions, seeds, sampling settings and the tokens so far are the slots'
+  tensors, which live at fixed addresses for a generate call.
+* Sampling hints (`spec.sampling.Hints`) are part of the key: a graph holds the
+  processors its rows need and no others.
+
+Along a rollout the batch shrinks and the positions grow, so the (bucket, key bucket)
+pairs a call visits are a path of at most a few dozen per depth. A key runs eagerly the
+first time (a real iteration, which also warms the kernels), is captured the second time
+(capture records without running) and replayed, and is replayed from then on. Graphs
+are per generate call (the slots are), share one memory pool, and are bounded in number
+(`MAX_GRAPHS`); capture time and pool memory go to `SpecStats`.
+
+What a graph holds: the target forward, the verification and the recording of plain
+and chain iterations. A drafter's proposal (EAGLE-3's k draft forwards) runs eagerly
+before it, and tree iterations run eagerly whole (their walk reads nothing back:
+`engine.tree_step`): capturing those is the next step.
+
+`STATIC_ON` names the device types that take this path when `EngineConfig.cuda_graphs`
+is on. The tests add the CPU to it: there "capture" keeps the function and "replay"
+calls it again, which checks that the step reads every input from its buffers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+"""Batch sizes a step is padded to (the last bucket that fits the cache's slots)."""
+MIN_KEYS = 128
+"""The shortest key axis of a step (`key_bucket`)."""
+MAX_GRAPHS = 64
+"""Most graphs captured per generate call; keys past it run eagerly."""
+STATIC_ON = ("cuda",)
+"""Device types that run the static step when graphs are on (tests add "cpu")."""
+
+
+def key_bucket(need: int, max_len: int) -> int:
+    """The key axis of a step whose rows need `need` key positions: the smallest power of
+    two from `MIN_KEYS` that holds them, within the cache's `max_len`."""
+    keys = MIN_KEYS
+    while keys < need:
+        keys *= 2
+    return min(keys, max_len)
+
+
+def bucket(B: int, slots: int) -> int:
+    """The smallest bucket that holds B rows, within the cache's `slots`."""
+    for b in BUCKETS:
+        if b >= B:
+            return min(b, slots)
+    return slots
+
+
+@dataclass
+class Inputs:
+    """The per-iteration buffers of one (bucket, depth) step."""
+
+    n_live: torch.Tensor
+    """[1] rows that are live (the rest of the bucket is padding)."""
+    drafts: torch.Tensor
+    """[Bb, k] the drafts (rows past the live ones: stale, never verified)."""
+    probs: torch.Tensor | None
+    """[Bb, k, V] their q, or None: deterministic drafts."""
+    lengths: torch.Tensor | None
+    """[Bb] usable drafts per row, or None: all k."""
+
+    @classmethod
+    def new(cls, Bb: int, k: int, V: int, probs: bool, lengths: bool, device) -> Inputs:
+        long = dict(dtype=torch.long, device=device)
+        return cls(
+            torch.zeros(1, **long),
+            torch.zeros(Bb, k, **long),
+            torch.zeros(Bb, k, V, dtype=torch.float32, device=device) if probs else None,
+            torch.zeros(Bb, **long) if lengths else None,
+        )
+
+    def fill(
+        self,
+        B: int,
+        drafts: torch.Tensor,
+        probs: torch.Tensor | None,
+        lengths: torch.Tensor | None,
+    ) -> None:
+        """Copy an iteration's B rows in (device to device: queued, no sync)."""
+        self.n_live.fill_(B)
+        if drafts.shape[1]:
+            self.drafts[:B].copy_(drafts)
+        if probs is not None:
+            self.probs[:B].copy_(probs)
+        if lengths is not None:
+            self.lengths[:B].copy_(lengths)
+
+
+class Graphs:
+    """The step's graphs of one generate call, by key (module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.inputs: dict[tuple, Inputs] = {}
+        self._runs: dict[tuple, Callable[[], tuple]] = {}  # captured: replay → outputs
+        self._seen: set[tuple] = set()
+        self._pool = None
+        self.capture_s = 0.0
+        """Seconds spent capturing."""
+        self.pool_bytes = 0
+        """Device memory the captures took (the shared pool's growth)."""
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def buffers(self, key: tuple, make: Callable[[], Inputs]) -> Inputs:
+        if key not in self.inputs:
+            self.inputs[key] = make()
+        return self.inputs[key]
+
+    def run(self, key: tuple, step: Callable[[], tuple]) -> tuple:
+        """step() for `key`: eagerly the first time, then captured and replayed."""
+        replay = self._runs.get(key)
+        if replay is not None:
+            return replay()
+        if key not in self._seen or len(self._runs) >= MAX_GRAPHS:
+            self._seen.add(key)
+            return step()
+        t = time.perf_counter()
+        replay = self._capture(step)
+        self.capture_s += time.perf_counter() - t
+        self._runs[key] = replay
+        return replay()
+
+    def _capture(self, step: Callable[[], tuple]) -> Callable[[], tuple]:
+        if not self.cuda:  # the CPU stand-in: the same function over the same buffers
+            return step
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_reserved(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = step()  # recorded, not run: the replay below runs it
+        self._pool = graph.pool()
+        self.pool_bytes += torch.cuda.memory_reserved(self.device) - before
+
+        def replay() -> tuple:
+            graph.replay()
+            return out
+
+        return replay

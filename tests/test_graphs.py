@@ -1,0 +1,179 @@
+"""The static step (`engine.graphs`): the decoding step padded to a batch bucket over the
+whole cache, reading every input from buffers, emits what the engine emits without it.
+
+CUDA graphs need a GPU (benchmarks/gpu_check.py times them there); here the CPU takes
+the static path with its stand-in for capture, which replays the same function over the
+same buffers: a step that read a per-iteration value from anywhere but its buffers, or
+let a padding row write what it should not, would change the tokens."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from benchmarks.host_syncs import count, drafters, model, requests
+from specroll.engine import graphs
+from specroll.engine.depth import FixedDepth
+from specroll.engine.engine import Engine, EngineConfig
+from specroll.engine.request import Request, SamplingParams
+from tests.conftest import (
+    JOINT_SAMPLES,
+    chi2_pvalue,
+    exact_joint,
+    sample_joint,
+    spec_drafters,
+    spec_model,
+    tv_shifted,
+)
+
+KINDS = ["plain", "ngram", "draft_model", "eagle3", "mtp", "history"]
+
+
+def _outputs(results) -> list[tuple]:
+    return [
+        (r.token_ids, r.logprobs, r.finish_reason, r.spec.accepted_tokens, r.spec.draft_tokens)
+        for r in results
+    ]
+
+
+def _engine(name: str, target, max_batch: int, seed: int, graphs_on: bool) -> Engine:
+    drafter = drafters(target)[name]()
+    k = 8 if drafter is not None and drafter.tree else 3
+    depth = FixedDepth(k=k, max_batch=64) if drafter is not None else None
+    config = EngineConfig(max_batch=max_batch, seed=seed, cuda_graphs=graphs_on)
+    return Engine(target, config, drafter, depth)
+
+
+def _run(name: str, target, max_batch: int, seed: int, graphs_on: bool, reqs):
+    eng = _engine(name, target, max_batch, seed, graphs_on)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # random drafts: the collapse warning is expected
+        out = [_outputs(eng.generate(reqs)) for _ in range(2)]  # graphs again in a 2nd call
+    return out, eng.stats
+
+
+@pytest.fixture
+def static_on_cpu(monkeypatch):
+    monkeypatch.setattr(graphs, "STATIC_ON", ("cuda", "cpu"))
+
+
+@pytest.fixture
+def eager_shapes(monkeypatch):
+    """The static step at the eager step's shapes (no padding rows, the deepest row's key
+    axis): what differs is then the buffers, the masks and the replays, which must change
+    nothing. (Other shapes round differently: a matmul's kernel depends on its M.)"""
+    monkeypatch.setattr(graphs, "key_bucket", lambda need, max_len: need)
+    monkeypatch.setattr(graphs, "bucket", lambda B, slots: B)
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_the_static_step_emits_the_engines_tokens(name, static_on_cpu, eager_shapes):
+    """Plain and speculative, greedy and sampled (top-k, top-p) rows, over seeds and batch
+    sizes, two calls each: the same tokens, log-probs and drafts, bit for bit."""
+    target = model()
+    reqs = requests(15)
+    for seed, max_batch in [(0, 7), (1, 3), (2, 5)]:
+        want, _ = _run(name, target, max_batch, seed, False, reqs)
+        got, stats = _run(name, target, max_batch, seed, True, reqs)
+        assert got == want, (name, seed, max_batch)
+        if name != "history":  # trees take the eager path (`Stepper._chain`: chains only)
+            assert 0 < stats.graphs <= graphs.MAX_GRAPHS
+
+
+@pytest.mark.parametrize("name", ["plain", "draft_model", "eagle3"])
+def test_buckets_change_rounding_not_greedy_tokens(name, static_on_cpu):
+    """A graph's batch is padded to its bucket and its key axis runs past the deepest row
+    (here to the whole cache): that changes how sums round (log-probs within 1e-4),
+    never a greedy token, and padding rows stay as they were (below)."""
+    target = model()
+    greedy = [
+        Request(r.prompt_ids, SamplingParams(max_new_tokens=24, temperature=0.0))
+        for r in requests(15)
+    ]
+    want, _ = _run(name, target, 7, 0, False, greedy)
+    got, _ = _run(name, target, 7, 0, True, greedy)
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            assert a[0] == b[0] and a[2:] == b[2:]
+            assert max(abs(x - y) for x, y in zip(a[1], b[1], strict=True)) < 1e-4
+
+
+def test_the_static_steps_law_is_exact(static_on_cpu):
+    """With buckets, a sampled token may differ from the eager step's where a uniform
+    falls within rounding of a boundary: what must hold is the law. The chi-square test
+    of tests/test_spec_engine.py, on the static step."""
+    target = spec_model(0)
+    d = spec_drafters(target)["draft_model"]()
+    engine = Engine(target, EngineConfig(max_batch=512, cuda_graphs=True), d, FixedDepth(3))
+    counts = sample_joint(engine, JOINT_SAMPLES, 1.0, 0, 1.0, mixed=True)
+    assert engine.stats.graphs > 0 and engine.stats.draft_tokens > JOINT_SAMPLES // 2
+    exact = exact_joint(target, 1.0, 0, 1.0)
+    assert chi2_pvalue(counts, exact) > 1e-4
+    assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
+
+
+def test_graphs_past_the_bound_run_eagerly_and_change_nothing(
+    static_on_cpu, eager_shapes, monkeypatch
+):
+    target = model()
+    reqs = requests(15)
+    want, _ = _run("eagle3", target, 7, 0, False, reqs)
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 1)
+    got, stats = _run("eagle3", target, 7, 0, True, reqs)
+    assert got == want and stats.graphs == 1
+
+
+def test_the_static_step_reads_the_device_back_once(static_on_cpu):
+    target = model()
+    for name in ("plain", "eagle3", "draft_model"):
+        r = count(_engine(name, target, 4, 0, True))
+        assert r["syncs_per_iteration_max"] == 1, (name, r)
+
+
+def test_graphs_are_off_on_the_cpu_and_on_request():
+    """`cuda_graphs` is a CUDA setting: a CPU engine runs its own path whatever it says."""
+    target = model()
+    reqs = [Request([1, 2, 3], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))]
+    for on in (False, True):
+        eng = Engine(target, EngineConfig(max_batch=2, cuda_graphs=on))
+        eng.generate(reqs)
+        assert eng.stats.graphs == 0 and eng.step_graphs is None
+
+
+def test_buckets_hold_the_batch_within_the_slots():
+    assert [graphs.bucket(B, 64) for B in (1, 2, 3, 5, 17, 33, 64)] == [1, 2, 4, 8, 24, 48, 64]
+    assert graphs.bucket(5, 6) == 6 and graphs.bucket(700, 1000) == 1000
+    assert [graphs.key_bucket(n, 4096) for n in (1, 128, 129, 3000, 5000)] == [
+        128,
+        128,
+        256,
+        4096,
+        4096,
+    ]
+    assert all(graphs.bucket(B, S) >= B for S in (1, 7, 300) for B in range(1, S + 1))
+
+
+def test_a_padding_row_keeps_its_slot_untouched(static_on_cpu):
+    """A bucket's padding rows are free slots: after a step they hold what they held."""
+    target = model()
+    eng = _engine("eagle3", target, 4, 0, True)
+    reqs = [
+        Request([5, 6, 7], SamplingParams(max_new_tokens=4 * (s + 1), temperature=1.0, seed=s))
+        for s in range(4)
+    ]  # 4 slots; 3 rows live after the first finishes: a bucket of 4
+    seen = []
+    step = eng._step
+
+    def spy(st, B, ctx):
+        before = [t[B:].clone() for t in st.tensors()]
+        out = step(st, B, ctx)
+        if B < len(st.pos):  # a padded step: the rows past B are padding
+            after = [t[B:] for t in st.tensors()]
+            seen.append(all(torch.equal(a, b) for a, b in zip(after, before, strict=True)))
+        return out
+
+    eng._step = spy
+    eng.generate(reqs)
+    assert seen and all(seen)
