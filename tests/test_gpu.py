@@ -77,9 +77,10 @@ def test_speculative_joint_distribution_is_exact_on_gpu(drafter, dtype, graphs):
     assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("drafter", ["full-fan", "history"])
-def test_tree_joint_distribution_is_exact_on_gpu(drafter, dtype):
+def test_tree_joint_distribution_is_exact_on_gpu(drafter, dtype, graphs):
     """tests/test_tree.py's chi-square test on the GPU: draft trees (every first token a
     candidate; the history drafter over remembered rollouts and live siblings) against
     the exact plain-decoding joint of the same (GPU, dtype) model."""
@@ -104,9 +105,11 @@ def test_tree_joint_distribution_is_exact_on_gpu(drafter, dtype):
             d.remember(PROMPT, [(3 * i + j) % 16 for j in range(5)])
     else:
         d = FullFan()
-    engine = Engine(target, EngineConfig(max_batch=512), drafter=d, depth=FixedDepth(32))
+    config = EngineConfig(max_batch=512, cuda_graphs=graphs)
+    engine = Engine(target, config, drafter=d, depth=FixedDepth(32))
     counts = sample_joint(engine, JOINT_SAMPLES, 1.0, 0, 1.0, mixed=True).cpu()
     assert engine.stats.accepted_tokens > JOINT_SAMPLES // 4
+    assert (engine.stats.graphs > 0) == graphs
     exact = exact_joint(target, 1.0, 0, 1.0).cpu()
     assert chi2_pvalue(counts, exact) > 1e-4
     assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4

@@ -12,9 +12,10 @@ whose every per-iteration input comes in through a buffer.
   deepest row's position + k + 1, at most the cache), masked per row as before; the
   host knows the positions (`Slots.pos_host`), so sizing it reads nothing back, and a
   short context does not pay attention over the whole cache.
-* Drafts, their q and their lengths come in through buffers sized for the bucket and
-  depth; positions, seeds, sampling settings and the tokens so far are the slots'
-  tensors, which live at fixed addresses for a generate call.
+* Drafts, their q, their lengths and a tree's parents come in through buffers sized for
+  the bucket and depth (a tree: its k nodes, however many its fullest row filled);
+  positions, seeds, sampling settings and the tokens so far are the slots' tensors,
+  which live at fixed addresses for a generate call.
 * Sampling hints (`spec.sampling.Hints`) are part of the key: a graph holds the
   processors its rows need and no others.
 
@@ -25,10 +26,10 @@ first time (a real iteration, which also warms the kernels), is captured the sec
 are per generate call (the slots are), share one memory pool, and are bounded in number
 (`MAX_GRAPHS`); capture time and pool memory go to `SpecStats`.
 
-What a graph holds: the target forward, the verification and the recording of plain
-and chain iterations. A drafter's proposal (EAGLE-3's k draft forwards) runs eagerly
-before it, and tree iterations run eagerly whole (their walk reads nothing back:
-`engine.tree_step`): capturing those is the next step.
+What a graph holds: the target forward, the verification (a chain, or a tree of k nodes
+walked masked) and the recording of every decoding iteration. A drafter's proposal runs
+eagerly before it (EAGLE-3's k draft forwards are launches a graph could take too: the
+next step), its commit after.
 
 `STATIC_ON` names the device types that take this path when `EngineConfig.cuda_graphs`
 is on. The tests add the CPU to it: there "capture" keeps the function and "replay"
@@ -81,16 +82,21 @@ class Inputs:
     probs: torch.Tensor | None
     """[Bb, k, V] their q, or None: deterministic drafts."""
     lengths: torch.Tensor | None
-    """[Bb] usable drafts per row, or None: all k."""
+    """[Bb] usable drafts (a tree's: nodes) per row, or None: all k."""
+    parents: torch.Tensor | None
+    """[Bb, k] a tree's parents (`Proposal.parents`), or None: a chain."""
 
     @classmethod
-    def new(cls, Bb: int, k: int, V: int, probs: bool, lengths: bool, device) -> Inputs:
-        long = dict(dtype=torch.long, device=device)
+    def new(
+        cls, Bb: int, k: int, V: int, probs: bool, lengths: bool, parents: bool, **long
+    ) -> Inputs:
+        """Buffers for Bb rows of k drafts over V tokens; `long`: dtype and device."""
         return cls(
             torch.zeros(1, **long),
             torch.zeros(Bb, k, **long),
-            torch.zeros(Bb, k, V, dtype=torch.float32, device=device) if probs else None,
+            torch.zeros(Bb, k, V, dtype=torch.float32, device=long["device"]) if probs else None,
             torch.zeros(Bb, **long) if lengths else None,
+            torch.zeros(Bb, k, **long) if parents else None,
         )
 
     def fill(
@@ -99,15 +105,23 @@ class Inputs:
         drafts: torch.Tensor,
         probs: torch.Tensor | None,
         lengths: torch.Tensor | None,
+        parents: torch.Tensor | None,
     ) -> None:
-        """Copy an iteration's B rows in (device to device: queued, no sync)."""
+        """Copy an iteration's B rows in (device to device: queued, no sync). A tree
+        narrower than the buffers' k (as wide as its fullest row) fills their first
+        columns: its lengths keep the rest out of the tree."""
         self.n_live.fill_(B)
-        if drafts.shape[1]:
-            self.drafts[:B].copy_(drafts)
+        w = drafts.shape[1]
+        if w:
+            self.drafts[:B, :w].copy_(drafts)
         if probs is not None:
             self.probs[:B].copy_(probs)
+        if parents is not None:
+            self.parents[:B, :w].copy_(parents)
         if lengths is not None:
             self.lengths[:B].copy_(lengths)
+        elif self.lengths is not None:
+            self.lengths[:B].fill_(w)
 
 
 class Graphs:

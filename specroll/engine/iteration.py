@@ -96,8 +96,6 @@ class Stepper:
         Its wall time (draft, target forward, verification, drafter commit) goes back to
         the depth policy, which calibrates its cost model on it."""
         t_iter = time.perf_counter()
-        long = dict(dtype=torch.long, device=self.device)
-        rows = torch.arange(B, **long)
         pos_host = st.pos_host[:B]
         top = max(pos_host)  # the deepest row's position: sizes, room, the draft's key axis
         # the fp32 mean of the positions (what the cost model was fitted on), from the host
@@ -139,18 +137,11 @@ class Stepper:
             if prop.lengths is not None and prop.parents is None:
                 num_draft = torch.minimum(num_draft, prop.lengths)
         pos_before = st.pos[:B].clone()
-        if prop is not None and prop.parents is not None:
-            ver, num_draft, nodes, hidden = self._verify_tree(st, B, prop, num_draft)
-            # [k] rows whose accepted path went through node i + 1 (adaptive tree size)
-            on_path = torch.zeros(B, k + 1, **long).scatter_(1, ver.path, 1)
-            hits = on_path[:, 1:].sum(0)
-            packed = self._record(st, rows, ver, num_draft, ctx, nodes=nodes, hits=hits)
-            read = self._read(st, range(B), packed.tolist(), B, ver.tokens.shape[1], tree=True)
-        else:
-            t = time.perf_counter()
-            packed, hidden, n = self._chain(st, B, k, prop, num_draft, top, ctx)
-            self.stats.target_s += time.perf_counter() - t
-            read = self._read(st, range(B), packed.tolist(), n, k + 1)
+        t = time.perf_counter()
+        packed, hidden, n, K1 = self._verify(st, B, k, prop, num_draft, top, ctx)
+        self.stats.target_s += time.perf_counter() - t
+        tree = prop is not None and prop.parents is not None
+        read = self._read(st, range(B), packed.tolist(), n, K1, tree=tree)
         if self.drafter is not None:
             t = time.perf_counter()
             self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, hidden, read)
@@ -161,7 +152,7 @@ class Stepper:
         self.depth.observe_time(B, k, mean_ctx, time.perf_counter() - t_iter)
         return sum(read.count)
 
-    def _chain(
+    def _verify(
         self,
         st: Slots,
         B: int,
@@ -170,73 +161,89 @@ class Stepper:
         num_draft: torch.Tensor,
         top: int,
         ctx: int,
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
-        """The device part of a chain (or plain, k = 0) iteration of rows 0..B-1: target
-        forward, verification, recording. Returns (the packed read of `_record`, the
-        drafter's hidden states of rows 0..B-1, the rows packed).
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int, int]:
+        """The device part of an iteration of rows 0..B-1 after its proposal: the target
+        forward, verification (a chain, k = 0 plain, or a tree) and recording. Returns
+        (the packed read of `_record`, the drafter's hidden states of rows 0..B-1, the
+        rows packed, the candidates per row K + 1).
 
         With graphs (`engine.graphs`) the same step runs over the static buffers of the
-        batch's bucket: rows past B are padding, the key axis is the key bucket's."""
+        batch's bucket: rows past B are padding, the key axis is the key bucket's, and a
+        tree is walked masked to its node count."""
         long = dict(dtype=torch.long, device=self.device)
         drafts = torch.zeros(B, 0, **long) if prop is None else prop.tokens  # [B, k]
         probs = None if prop is None else prop.probs  # [B, k, V]
+        lengths = None if prop is None else prop.lengths  # [B]
+        parents = None if prop is None else prop.parents  # [B, k]
         if self.step_graphs is None:
             sampling = st.sampling(slice(0, B), range(B))
-            packed, hidden = self._chain_step(st, B, drafts, probs, num_draft, top, ctx, sampling)
-            return packed, hidden, B
-        lengths = None if prop is None else prop.lengths
+            args = (drafts, probs, parents, lengths, num_draft, top, ctx, sampling)
+            packed, hidden, K1 = self._device_step(st, B, *args)
+            return packed, hidden, B, K1
         Bb = graphs.bucket(B, st.pos.shape[0])
         hints = Hints.of(st.params_host[:B])  # the processors the live rows need
         keys = graphs.key_bucket(top + k + 1, self.cache.max_len)  # the key axis
-        key = (Bb, k, keys, probs is not None, lengths is not None, hints)
+        tree = parents is not None  # (a tree always takes lengths: it may be narrower than k)
+        shape = (probs is not None, lengths is not None or tree, tree)
+        key = (Bb, k, keys, *shape, hints)
         V = self.model.cfg.vocab_size
-        buf = self.step_graphs.buffers(
-            key,
-            lambda: graphs.Inputs.new(
-                Bb, k, V, probs is not None, lengths is not None, self.device
-            ),
-        )
-        buf.fill(B, drafts, probs, lengths)
+        buf = self.step_graphs.buffers(key, lambda: graphs.Inputs.new(Bb, k, V, *shape, **long))
+        buf.fill(B, drafts, probs, lengths, parents)
 
-        def step() -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        def step() -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
             live = torch.arange(Bb, **long) < buf.n_live  # [Bb]
             nd = torch.where(live, st.num_draft(Bb, k), 0)
-            if buf.lengths is not None:
+            if buf.lengths is not None and buf.parents is None:
                 nd = torch.minimum(nd, buf.lengths)
             sampling = st.sampling(slice(0, Bb), None, hints).only(live)
             start = keys - (k + 1)  # the `max_start` that gives that key axis
-            return self._chain_step(st, Bb, buf.drafts, buf.probs, nd, start, ctx, sampling, live)
+            args = (buf.drafts, buf.probs, buf.parents, buf.lengths, nd, start, ctx, sampling)
+            return self._device_step(st, Bb, *args, live=live)
 
-        packed, hidden = self.step_graphs.run(key, step)
-        return packed, {i: h[:B] for i, h in hidden.items()}, Bb
+        packed, hidden, K1 = self.step_graphs.run(key, step)
+        return packed, {i: h[:B] for i, h in hidden.items()}, Bb, K1
 
-    def _chain_step(
+    def _device_step(
         self,
         st: Slots,
         n: int,
         drafts: torch.Tensor,
         probs: torch.Tensor | None,
+        parents: torch.Tensor | None,
+        lengths: torch.Tensor | None,
         num_draft: torch.Tensor,
         max_start: int,
         ctx: int,
         sampling: RowSampling,
         live: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
         """Rows 0..n-1 (`live`: those that are not padding; None: all): drafts [n, k],
-        their q [n, k, V] or None → (the packed read, hidden states). No host read, no
-        host value but the shapes and max_start: what a CUDA graph can hold."""
+        their q [n, k, V] or None, their tree's parents [n, k] or None (a chain) →
+        (the packed read, hidden states, K + 1). No host read, no host value but the
+        shapes and max_start: what a CUDA graph can hold."""
         rows = torch.arange(n, device=self.device)
-        pos = st.pos[:n] if live is None else torch.where(live, st.pos[:n], 0)
-        out = self.model(
-            torch.cat([st.last[:n, None], drafts], dim=1),  # [n, k+1]
-            positions=pos,
-            cache=self.cache,
-            hidden_layers=self.drafter.hidden_layers if self.drafter else (),
-            max_start=max_start,
-        )
-        ver = self._verify_chain(st, rows, out.logits, num_draft, (drafts, probs), sampling)
-        packed = self._record(st, rows, ver, num_draft, ctx, nodes=num_draft, live=live)
-        return packed, out.hidden
+        layers = self.drafter.hidden_layers if self.drafter else ()
+        hits = None
+        if parents is not None:
+            args = (drafts, parents, lengths, num_draft, layers, max_start, sampling, live)
+            ver, num_draft, nodes, hidden = tree_step.run(self.model, self.cache, st, n, *args)
+            # [k] rows whose accepted path went through node i + 1 (adaptive tree size)
+            on_path = torch.zeros(n, drafts.shape[1] + 1, dtype=torch.long, device=self.device)
+            on_path.scatter_(1, ver.path, 1)  # (a padding row's path is its root only)
+            hits = on_path[:, 1:].sum(0)
+        else:
+            pos = st.pos[:n] if live is None else torch.where(live, st.pos[:n], 0)
+            out = self.model(
+                torch.cat([st.last[:n, None], drafts], dim=1),  # [n, k+1]
+                positions=pos,
+                cache=self.cache,
+                hidden_layers=layers,
+                max_start=max_start,
+            )
+            ver = self._verify_chain(st, rows, out.logits, num_draft, (drafts, probs), sampling)
+            nodes, hidden = num_draft, out.hidden
+        packed = self._record(st, rows, ver, num_draft, ctx, nodes=nodes, hits=hits, live=live)
+        return packed, hidden, ver.tokens.shape[1]
 
     def _verify_chain(
         self,
@@ -266,15 +273,6 @@ class Stepper:
             rng.uniforms(seed, idx[:, :K], rng.ACCEPT),
             rng.uniforms(seed, idx, rng.SAMPLE),
         )
-
-    def _verify_tree(
-        self, st: Slots, B: int, prop: Proposal, num_draft: torch.Tensor
-    ) -> tuple[TreeVerifyOutput, torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-        """`engine.tree_step.run` on rows 0..B-1, timed as a target forward."""
-        t = time.perf_counter()
-        out = tree_step.run(self.model, self.cache, st, B, prop, num_draft, self.drafter)
-        self.stats.target_s += time.perf_counter() - t
-        return out
 
     def _accept(
         self,

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from specroll.drafters.base import Drafter, Proposal
 from specroll.engine.slots import Slots
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.spec import rng, tree
+from specroll.spec.sampling import RowSampling
 from specroll.spec.tree import TreeVerifyOutput
 
 HOST_PACED = ("cpu",)
@@ -28,56 +28,63 @@ def run(
     model: Transformer,
     cache: KVCache,
     st: Slots,
-    B: int,
-    prop: Proposal,
+    n: int,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    lengths: torch.Tensor | None,
     num_draft: torch.Tensor,
-    drafter: Drafter,
+    layers: tuple[int, ...],
+    max_start: int,
+    sampling: RowSampling,
+    live: torch.Tensor | None = None,
 ) -> tuple[TreeVerifyOutput, torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-    """Verify the trees of rows 0..B-1 (slots 0..B-1).
+    """Verify the trees of rows 0..n-1 (slots 0..n-1): tokens, parents [n, k] (a
+    `Proposal`'s), lengths [n] the nodes each row filled (None: all k).
 
-    A row keeps the nodes its proposal filled (`lengths`) no deeper than num_draft[b]
-    (its cap, its budget, the context room). Returns (verification, each row's tree
-    depth [B], its verified nodes [B], the drafter's hidden states along the accepted
-    path ([B, D+1, H] per layer, as a chain's forward would give them))."""
+    A row keeps the nodes it filled no deeper than num_draft[b] (its cap, its budget,
+    the context room; 0 for padding rows, `live` False: a static step's, `engine.graphs`).
+    max_start: the key axis (the deepest row's position, or a key bucket's). Returns
+    (verification, each row's tree depth [n], its verified nodes [n], the drafter's hidden
+    states `layers` along the accepted path ([n, D+1, H] each, as a chain's forward would
+    give them))."""
     dev = st.device
     long = dict(dtype=torch.long, device=dev)
-    rows = torch.arange(B, **long)
-    k = prop.tokens.shape[1]
-    tokens = torch.cat([st.last[:B, None], prop.tokens], dim=1)  # [B, N], N = k + 1
-    parents = torch.cat([torch.full((B, 1), -1, **long), prop.parents], dim=1)  # [B, N]
-    filled = k if prop.lengths is None else prop.lengths.unsqueeze(1)
+    rows = torch.arange(n, **long)
+    k = tokens.shape[1]
+    pos = st.pos[:n] if live is None else torch.where(live, st.pos[:n], 0)
+    tokens = torch.cat([st.last[:n, None], tokens], dim=1)  # [n, N], N = k + 1
+    parents = torch.cat([torch.full((n, 1), -1, **long), parents], dim=1)  # [n, N]
+    filled = k if lengths is None else lengths.unsqueeze(1)
     parents = parents.masked_fill(torch.arange(k + 1, **long) > filled, -1)
-    paced = dev.type in HOST_PACED
-    anc = tree.ancestors(parents, stop_early=paced)  # [B, N, N]
-    depth = tree.depths(anc)  # [B, N]
-    used = (parents >= 0) & (depth <= num_draft.unsqueeze(1))  # [B, N] verified nodes
+    paced = dev.type in HOST_PACED and live is None
+    anc = tree.ancestors(parents, stop_early=paced)  # [n, N, N]
+    depth = tree.depths(anc)  # [n, N]
+    used = (parents >= 0) & (depth <= num_draft.unsqueeze(1))  # [n, N] verified nodes
     parents = parents.masked_fill(~used, -1)  # a cut node is nobody's child
-    row_depth = (depth * used).amax(1)  # [B]
+    row_depth = (depth * used).amax(1)  # [n]
     D = int(row_depth.max()) if paced else k  # masked: a bound known without a read
-    layers = drafter.hidden_layers
     L = model.cfg.num_layers
     out = model(
         tokens,
-        positions=st.pos[:B],
+        positions=pos,
         cache=cache,
         hidden_layers=(*layers, L),
         return_logits=False,
-        max_start=max(st.pos_host[:B]),
+        max_start=max_start,
         tree=anc,
     )
-    h = out.hidden[L]  # [B, N, H] last layer, before the final norm
+    h = out.hidden[L]  # [n, N, H] last layer, before the final norm
     packed = model.packed_weights() or []
-    sampling = st.sampling(rows, range(B))
-    u = rng.uniforms(st.seed[:B], st.n_gen[:B, None] + torch.arange(D + 1, **long))
+    u = rng.uniforms(st.seed[:n], st.n_gen[:n, None] + torch.arange(D + 1, **long))
     if paced:
 
         def logits(r: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
-            return model.head_logits(h[r, nodes], packed)  # [n, V]: the path only
+            return model.head_logits(h[r, nodes], packed)  # [m, V]: the path only
 
         ver = tree.verify_tree(logits, tokens, parents, D, sampling, u)
-    else:  # one LM head over the whole tree, [B, N, V]
+    else:  # one LM head over the whole tree, [n, N, V]
         ver = tree.verify_tree_masked(model.head_logits(h, packed), tokens, parents, D, sampling, u)
-    tree.compact_path(cache.k, cache.v, rows, st.pos[:B], ver.path)
-    along = ver.path.unsqueeze(-1)  # [B, D+1, 1]
+    tree.compact_path(cache.k, cache.v, rows, pos, ver.path)
+    along = ver.path.unsqueeze(-1)  # [n, D+1, 1]
     hidden = {i: out.hidden[i].gather(1, along.expand(-1, -1, h.shape[-1])) for i in layers}
     return ver, row_depth, used.sum(1), hidden
