@@ -111,6 +111,8 @@ class Engine(Stepper):
             raise ValueError(f"drafter forms must be among {FORMS}, got {self.forms}")
         self.stats = SpecStats()
         self.step_graphs: Graphs | None = None
+        """The decoding step's CUDA graphs (`engine.graphs`), kept while the slots are."""
+        self._st: Slots | None = None
         self._collapse = CollapseDetector()
         self.policy_version = 0
         """Version of the policy weights (set by `load_weights`; reported in every Result)."""
@@ -176,23 +178,17 @@ class Engine(Stepper):
         # no row generates past its cache row: a larger budget sizes nothing (`Slots`)
         max_gen = min(max_gen, self.cache.max_len)
         stops = [r.params.stops(self.eos) for r in requests]
-        st = Slots(
-            n_slots,
-            max_gen,
-            max(len(s) for s in stops),
-            self.cache.max_len,
-            self.depth.k_max,
-            self.device,
-        )
+        st = self._slots(n_slots, max_gen, max(len(s) for s in stops))
         if self.drafter is not None:
             self.drafter.start(self.cache.num_slots, self.cache.max_len)
             self.depth.forms.restart()  # the time between calls is not an iteration
         self.stats = SpecStats()
-        self.step_graphs = (
-            Graphs(self.device)
-            if self.config.cuda_graphs and self.device.type in graphs.STATIC_ON
-            else None
-        )
+        on = self.config.cuda_graphs and self.device.type in graphs.STATIC_ON
+        if not on:
+            self.step_graphs = None
+        elif self.step_graphs is None:
+            self.step_graphs = Graphs(self.device)
+        captured = 0.0 if self.step_graphs is None else self.step_graphs.capture_s
         versions = (self.policy_version, None if self.drafter is None else self.drafter.version)
 
         # collection passes inside the loop skip the long-lived heap (`engine.heap`)
@@ -234,17 +230,36 @@ class Engine(Stepper):
         self.stats.total_s = time.perf_counter() - t0
         if self.step_graphs is not None:
             self.stats.graphs = len(self.step_graphs)
-            self.stats.capture_s = self.step_graphs.capture_s
+            self.stats.capture_s = self.step_graphs.capture_s - captured
             self.stats.graph_bytes = self.step_graphs.pool_bytes
-            self.step_graphs = None  # they hold this call's slots
         return Results(results, self.stats)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ bookkeeping
+
+    def _slots(self, n: int, max_gen: int, max_stops: int) -> Slots:
+        """Slots for a call: the last call's when they hold it (n rows, max_gen tokens,
+        max_stops stop ids, this cache), so that graphs captured over them stay valid
+        from call to call (an RL run's calls are alike); else new ones, and no graphs."""
+        st = self._st
+        if not (
+            st is not None
+            and len(st.pos) >= n
+            and st.tokens.shape[1] >= max_gen + st.k_max + 1
+            and st.stops.shape[1] >= max_stops
+            and st.max_len == self.cache.max_len
+            and st.k_max == self.depth.k_max
+        ):
+            self._st = self.step_graphs = None
+            self._st = Slots(
+                n, max_gen, max_stops, self.cache.max_len, self.depth.k_max, self.device
+            )
+        return self._st
 
     def _ensure_cache(self, slots: int, length: int) -> None:
         c = self.cache
         if c is not None and c.num_slots >= slots and c.max_len >= length:
             return
+        self._st = self.step_graphs = None  # they hold the cache's tensors
         if c is not None:
             slots, length = max(slots, c.num_slots), max(length, c.max_len)
         length = min(-(-length // 64) * 64, self.model.cfg.max_position_embeddings)

@@ -7,7 +7,7 @@ this module provides: one function whose every tensor has a fixed shape and addr
 whose every per-iteration input comes in through a buffer.
 
 * The batch is padded to a bucket (`BUCKETS`): rows past the live ones (`n_live`, a
-  one-element buffer) draft nothing, emit nothing and move nothing (`Stepper._chain`).
+  one-element buffer) draft nothing, emit nothing and move nothing (`Stepper._device_step`).
 * The key axis of attention is a key bucket (`key_bucket`: a power of two at least the
   deepest row's position + k + 1, at most the cache), masked per row as before; the
   host knows the positions (`Slots.pos_host`), so sizing it reads nothing back, and a
@@ -15,7 +15,8 @@ whose every per-iteration input comes in through a buffer.
 * Drafts, their q, their lengths and a tree's parents come in through buffers sized for
   the bucket and depth (a tree: its k nodes, however many its fullest row filled);
   positions, seeds, sampling settings and the tokens so far are the slots' tensors,
-  which live at fixed addresses for a generate call.
+  which live at fixed addresses (the engine keeps its slots from call to call while
+  they fit: `Engine._slots`).
 * Sampling hints (`spec.sampling.Hints`) are part of the key: a graph holds the
   processors its rows need and no others.
 
@@ -23,8 +24,9 @@ Along a rollout the batch shrinks and the positions grow, so the (bucket, key bu
 pairs a call visits are a path of at most a few dozen per depth. A key runs eagerly the
 first time (a real iteration, which also warms the kernels), is captured the second time
 (capture records without running) and replayed, and is replayed from then on. Graphs
-are per generate call (the slots are), share one memory pool, and are bounded in number
-(`MAX_GRAPHS`); capture time and pool memory go to `SpecStats`.
+live as long as the engine's slots and cache (an RL run's calls are alike: captured
+once), share one memory pool, and are bounded in number (`MAX_GRAPHS`); capture time
+and pool memory go to `SpecStats`.
 
 What a graph holds: the target forward, the verification (a chain, or a tree of k nodes
 walked masked) and the recording of every decoding iteration. A drafter's proposal runs
@@ -49,7 +51,7 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 MIN_KEYS = 128
 """The shortest key axis of a step (`key_bucket`)."""
 MAX_GRAPHS = 64
-"""Most graphs captured per generate call; keys past it run eagerly."""
+"""Most graphs held at once; keys past it run eagerly."""
 STATIC_ON = ("cuda",)
 """Device types that run the static step when graphs are on (tests add "cpu")."""
 
@@ -125,7 +127,7 @@ class Inputs:
 
 
 class Graphs:
-    """The step's graphs of one generate call, by key (module docstring)."""
+    """The step's graphs over one set of slots, by key (module docstring)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
