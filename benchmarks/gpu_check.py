@@ -86,13 +86,15 @@ SHAPES = {  # role -> (name, HF config); "small" and "big" carry the issue's tar
     },
 }
 DEFAULTS = {  # per device type; every one a flag
-    "cuda": dict(batches="1,8,32,128", chains="1,3,5", trees="4,16,64", new_tokens=32,
-                 prompt_len=128, repeats=3, budget_s=420.0, dtype="bfloat16", copy_mib=1024),
-    "cpu": dict(batches="1,2", chains="1,3", trees="4,16", new_tokens=6,
+    "cuda": dict(batches="1,8,32,128", chains="1,3,5", trees="4,16,64", rchains="4,16",
+                 new_tokens=32, prompt_len=128, repeats=3, budget_s=420.0, dtype="bfloat16",
+                 copy_mib=1024),
+    "cpu": dict(batches="1,2", chains="1,3", trees="4,16", rchains="4,16", new_tokens=6,
                 prompt_len=8, repeats=1, budget_s=600.0, dtype="float32", copy_mib=16),
 }  # fmt: skip
-CORE = ("plain", "chain3", "tree16")
-"""The big shape's modes measured before the anchor (the rest come last)."""
+CORE = ("plain", "chain3", "tree16", "rchain4", "tree4", "rchain16")
+"""The big shape's modes measured before the anchor at batch <= 32 (the targets', the
+simulator's tree inputs); the rest come last."""
 RESERVE_S = 15.0
 """Budget kept for the final report; a step starts only with more left than its need."""
 GRACE_S = 30.0
@@ -191,13 +193,16 @@ def dynamo_counts() -> dict[str, int]:
 
 
 def engine(model: Transformer, head: Eagle3Head | None, mode: str, cfg: EngineConfig) -> Engine:
-    """plain; chainK: the EAGLE-3 head drafting K tokens; treeN: random trees of N nodes."""
+    """plain; chainK: the EAGLE-3 head drafting K tokens; treeN: random trees of N nodes;
+    rchainN: random chains of N tokens (what a tree of N nodes costs over a chain of its
+    width: the simulator's tree inputs, `specroll.sim.measured.gpu_costs`)."""
     if mode == "plain":
         return Engine(model, cfg)
-    n = int(mode.removeprefix("chain").removeprefix("tree"))
+    n = int(mode.removeprefix("rchain").removeprefix("chain").removeprefix("tree"))
     if mode.startswith("chain"):
         return Engine(model, cfg, Eagle3Drafter(head), FixedDepth(n))
-    return Engine(model, cfg, RandomTree(model.cfg.vocab_size), FixedDepth(n))
+    chain = mode.startswith("rchain")
+    return Engine(model, cfg, RandomTree(model.cfg.vocab_size, chain=chain), FixedDepth(n))
 
 
 class Check:
@@ -210,6 +215,7 @@ class Check:
         self.batches = [int(b) for b in args.batches.split(",")]
         self.modes = ["plain"] + [f"chain{k}" for k in args.chains.split(",") if k]
         self.modes += [f"tree{n}" for n in args.trees.split(",") if n]
+        self.modes += [f"rchain{n}" for n in args.rchains.split(",") if n]
         self.rows: list[dict[str, Any]] = []
         self.anchor: list[dict[str, Any]] = []
         self.compiled: dict[str, dict[str, int]] = {}
@@ -413,8 +419,8 @@ class Check:
         cuda = self.dev.type == "cuda"
         steps: list[tuple[str, float, Callable[[], None]]] = []
 
-        def engines(role: str, modes: list[str]) -> None:
-            for b in self.batches:
+        def engines(role: str, modes: list[str], batches: list[int]) -> None:
+            for b in batches:
                 label = f"engine {self.shapes[role][0]} b{b} {','.join(modes)}"
                 steps.append((label, 10.0 * cuda, partial(self.engine_group, role, b, modes)))
 
@@ -422,14 +428,18 @@ class Check:
             label = f"anchor {self.shapes[role][0]}"
             steps.append((label, 90.0 * cuda, partial(self.hf_anchor, role)))
 
-        engines("small", self.modes)
-        engines("big", [m for m in self.modes if m in CORE])
+        core = [m for m in self.modes if m in CORE]
+        rest = [m for m in self.modes if m not in CORE]
+        upto32 = [b for b in self.batches if b <= 32]  # where the big shape's targets are
+        engines("small", self.modes, self.batches)
+        engines("big", core, upto32)
         if cuda and not self.args.no_gpu_tests:
             steps.append(("gpu tests", 60.0, self.run_gpu_tests))
         anchor("small")
         anchor("big")
-        engines("big", [m for m in self.modes if m not in CORE])
-        engines("mid", self.modes)
+        engines("big", rest, upto32)
+        engines("big", self.modes, [b for b in self.batches if b > 32])
+        engines("mid", self.modes, self.batches)
         anchor("mid")
         return steps
 
@@ -515,6 +525,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batches", help="comma-separated batch sizes")
     ap.add_argument("--chains", help="EAGLE-3 chain depths k")
     ap.add_argument("--trees", help="random tree sizes (nodes per row)")
+    ap.add_argument("--rchains", help="random chain lengths (the simulator's tree inputs)")
     ap.add_argument("--new-tokens", type=int, help="N: tokens per request")
     ap.add_argument("--prompt-len", type=int)
     ap.add_argument("--repeats", type=int, help="timed runs per configuration (median)")

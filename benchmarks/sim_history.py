@@ -31,7 +31,7 @@ import argparse
 import json
 from pathlib import Path
 
-from specroll.sim.measured import EAGLE_DEPTH, project
+from specroll.sim.measured import EAGLE_DEPTH, gpu_costs, project
 from specroll.sim.presets import preset
 from specroll.sim.rollout import Speculation
 
@@ -132,8 +132,20 @@ def main() -> None:
     ap.add_argument("--sweep-size", type=int, default=16, help="node budget n of the sweep")
     ap.add_argument("--sweep-taus", default="1.1,1.2,1.3,1.4,1.5,1.6,1.8,2,2.25,2.5,3,3.5,4")
     ap.add_argument("--target", type=float, default=1.3, help="speed-up the sweep solves for")
+    ap.add_argument(
+        "--gpu-check",
+        help="benchmarks/gpu_check.py's JSON: its measured tree costs replace the input's "
+        "tree_overhead and tree_fixed_ms (`specroll.sim.measured.gpu_costs`)",
+    )
+    ap.add_argument("--gpu-shape", default="qwen3-8b", help="the gpu_check shape to take")
+    ap.add_argument("--gpu-eager", action="store_true", help="its rows without CUDA graphs")
     args = ap.parse_args()
     cfg, source = load(args.acceptance)
+    if args.gpu_check:
+        report = json.loads(Path(args.gpu_check).read_text().strip().splitlines()[-1])
+        costs = gpu_costs(report, args.gpu_shape, graphs=not args.gpu_eager)
+        cfg = cfg | {k: costs[k] for k in ("tree_overhead", "tree_fixed_ms")}
+        source += f"; tree costs: {args.gpu_check} ({args.gpu_shape}, {report.get('device_name')})"
     overhead, draft_ms = float(cfg.get("tree_overhead", 1.0)), cfg.get("draft_ms", {})
     fixed = float(cfg.get("tree_fixed_ms", 0.0))
     print(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import gpu_check
+from specroll.sim.measured import gpu_costs
 
 
 def test_the_cpu_dry_run_reports_every_configuration(capsys):
@@ -25,7 +26,8 @@ def test_the_cpu_dry_run_reports_every_configuration(capsys):
 
     cfg, shapes = report["config"], gpu_check.SHAPES["cpu"]
     modes, batches = cfg["modes"], cfg["batches"]
-    assert modes == ["plain", "chain1", "chain3", "tree4", "tree16"] and batches == [1, 2]
+    assert modes == ["plain", "chain1", "chain3", "tree4", "tree16", "rchain4", "rchain16"]
+    assert batches == [1, 2]
     # a row per (shape, batch, mode, graphs): every mode of small and mid, big's split in two
     got = {(r["shape"], r["batch"], r["mode"], r["graphs"]) for r in report["rows"]}
     want = {
@@ -53,3 +55,8 @@ def test_the_cpu_dry_run_reports_every_configuration(capsys):
     names = {t["name"] for t in report["targets"]}
     assert len(names) == 4  # tree16 at batch 32 is not measured in a dry run
     assert all(t["measured"] > 0 and isinstance(t["met"], bool) for t in report["targets"])
+
+    # the simulator's tree inputs come from these rows (benchmarks/sim_history.py --gpu-check)
+    costs = gpu_costs(report, shapes["big"][0], graphs=True)
+    assert costs["batches"] == batches and costs["tree_overhead"] > 0
+    assert costs["tree_fixed_ms"] >= 0

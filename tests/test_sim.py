@@ -307,3 +307,23 @@ def test_project_onto_the_paper_8b_setting():
     assert set(out["history"]["sizes"]) <= {0, *hist}
     slow = project({"history": hist}, tree_overhead=1.5, draft_ms={"history": 0.5})
     assert slow["history"]["gen_speedup"] < out["history"]["gen_speedup"]
+
+
+def test_gpu_check_rows_give_the_tree_inputs_of_a_projection():
+    """What a tree of 4 nodes costs over a chain of 4 is the tree path's fixed time; a
+    tree of 16 less that, over a chain of 16, its overhead; medians over batches."""
+    from specroll.sim.measured import gpu_costs
+
+    def row(mode, b, ms, graphs=True, shape="qwen3-8b"):
+        return {"shape": shape, "batch": b, "mode": mode, "graphs": graphs, "ms_per_iter": ms}
+
+    rows = [row("plain", 8, 9.0), row("tree4", 8, 12.0), row("rchain4", 8, 10.0)]
+    rows += [row("tree16", 8, 17.0), row("rchain16", 8, 10.0)]
+    rows += [row("tree4", 32, 14.0), row("rchain4", 32, 11.0), row("tree16", 32, 27.0)]
+    rows += [row("rchain16", 32, 12.0), row("tree4", 64, 1.0, graphs=False)]
+    costs = gpu_costs({"rows": rows}, "qwen3-8b")
+    assert costs["batches"] == [8, 32]
+    assert costs["tree_fixed_ms"] == pytest.approx(2.5)  # median of 2 and 3
+    assert costs["tree_overhead"] == pytest.approx((1.5 + 2.0) / 2)  # (17-2)/10, (27-3)/12
+    with pytest.raises(ValueError, match="no rows of tree4"):
+        gpu_costs({"rows": rows}, "qwen3-1.7b")

@@ -215,9 +215,15 @@ class FeatureDrafter(Drafter):
     the batch shrinks to where drafting pays, each row catches up in a single forward.
     """
 
+    static = True
+    """Proposes inside the engine's static step (`propose_static`, `engine.graphs`)."""
+
     def __init__(self, version: int = 0) -> None:
         self.version = version
         self.cache = None
+        self.epoch = 0
+        """Bumped when the drafter's tensors are made anew (graphs over the old ones are
+        stale: the engine keys its graphs by it)."""
 
     # hooks ---------------------------------------------------------------------------
     def new_cache(self, num_slots: int, max_len: int):
@@ -266,11 +272,16 @@ class FeatureDrafter(Drafter):
             self.cache = None
             self.cache = self.new_cache(num_slots, max_len)
         S, L = self.cache.num_slots, self.cache.max_len
+        self.dpos_host, self.fed_host = [0] * S, [0] * S  # dpos and fed, on the host
+        if fits and self.dpos.shape[0] == S:  # the same tensors (graphs hold their addresses)
+            self.dpos.zero_()
+            self.fed.zero_()
+            return
+        self.epoch += 1
         self.device = self.cache.k.device
         long = dict(dtype=torch.long, device=self.device)
         self.dpos = torch.zeros(S, **long)  # pairs committed (= target pos)
         self.fed = torch.zeros(S, **long)  # pairs already run through the draft
-        self.dpos_host, self.fed_host = [0] * S, [0] * S  # the same, on the host
         # [S, L + 1, *] kept features of pending pairs; column L takes masked-out writes
         self.feats: torch.Tensor | None = None
         self.max_len = L
@@ -304,10 +315,28 @@ class FeatureDrafter(Drafter):
                 self._feed(b, b + 1, history)
         return most
 
-    def _feed(self, lo: int, hi: int, history: torch.Tensor) -> None:
+    def _feed(
+        self,
+        lo: int,
+        hi: int,
+        history: torch.Tensor,
+        width: int | None = None,
+        live: torch.Tensor | None = None,
+        max_start: int | None = None,
+    ) -> None:
+        """Run the draft over the pending pairs of rows lo..hi-1 in one forward, `width`
+        pairs wide (None: the most a row has, from the host mirrors); `live`: the rows
+        that are not a static step's padding (they feed none), with width and max_start
+        fixed by the step (`propose_static`)."""
         rows = torch.arange(lo, hi, device=self.device)
         start, pending = self.fed[lo:hi], self.dpos[lo:hi] - self.fed[lo:hi]
-        width = max(d - f for d, f in zip(self.dpos_host[lo:hi], self.fed_host[lo:hi], strict=True))
+        if live is None:
+            lag = zip(self.dpos_host[lo:hi], self.fed_host[lo:hi], strict=True)
+            width = max(d - f for d, f in lag)
+            max_start = max(self.fed_host[lo:hi])
+        else:  # (`prepare_static` caught up every lag longer than width)
+            pending = torch.where(live, pending, 0).clamp(max=width)
+            start = torch.where(live, start, 0)
         col = torch.arange(width, device=self.device)
         t = (start.unsqueeze(1) + col).clamp(max=history.shape[1] - 2)  # [n, W]
         tokens = history[lo:hi].gather(1, t + 1)  # pair t: (h_t, x_{t+1}), [n, W]
@@ -322,7 +351,7 @@ class FeatureDrafter(Drafter):
             start,
             lo,
             logits_index=last.unsqueeze(1),
-            max_start=max(self.fed_host[lo:hi]),
+            max_start=max_start,
         )
         if self.next_logits is None:
             S = self.cache.num_slots
@@ -332,8 +361,9 @@ class FeatureDrafter(Drafter):
         self.next_logits[lo:hi] = torch.where(moved, logits[:, 0], self.next_logits[lo:hi])
         state = state.gather(1, last.view(-1, 1, 1).expand(-1, 1, state.shape[-1]))[:, 0]
         self.next_state[lo:hi] = torch.where(moved, state, self.next_state[lo:hi])
-        self.fed[lo:hi] = self.dpos[lo:hi]
-        self.fed_host[lo:hi] = self.dpos_host[lo:hi]
+        self.fed[lo:hi] = start + pending if live is not None else self.dpos[lo:hi]
+        if live is None:
+            self.fed_host[lo:hi] = self.dpos_host[lo:hi]
 
     @torch.inference_mode()
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
@@ -365,24 +395,53 @@ class FeatureDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
-        B, k = batch.last.shape[0], batch.k
-        self.catch_up(B, batch.history)
-        logits, state = self.next_logits[:B], self.next_state[:B]
+        self.catch_up(batch.last.shape[0], batch.history)
+        return self._draft(batch, None)
+
+    def prepare_static(self, B: int, k: int, history: torch.Tensor) -> None:
+        """Before a static step of depth k: rows lagging more than the k + 1 pairs an
+        iteration adds (speculation was off) catch up eagerly, so the step's feed, k + 1
+        wide, holds every row's pending pairs."""
+        lag = zip(self.dpos_host[:B], self.fed_host[:B], strict=True)
+        if max((d - f for d, f in lag), default=0) > k + 1 or self.next_logits is None:
+            self.catch_up(B, history)
+
+    def propose_static(self, batch: DraftBatch, live: torch.Tensor, keys: int) -> Proposal:
+        """`propose` over a static step's rows (`engine.graphs`), every shape fixed: the
+        pending pairs fed k + 1 wide (padding rows, `live` False, feed none), then the
+        k drafts; attention's key axis `keys` long. No host read, no host state: the
+        host mirrors follow in `after_static`."""
+        n, W = batch.last.shape[0], batch.k + 1
+        self._feed(0, n, batch.history, width=W, live=live, max_start=keys - W)
+        return self._draft(batch, keys - 1)
+
+    def after_static(self, B: int) -> None:
+        """A static step fed every pending pair of rows 0..B-1."""
+        self.fed_host[:B] = self.dpos_host[:B]
+
+    def _draft(self, batch: DraftBatch, max_start: int | None) -> Proposal:
+        """The k drafts of rows 0..n-1 from their next outputs; max_start: the key axis
+        of every recursive forward (None: the rows' deepest position, from the host)."""
+        n, k = batch.last.shape[0], batch.k
+        logits, state = self.next_logits[:n], self.next_state[:n]
         tokens, probs = [], []
         for i in range(k):
-            full = self.to_target_logits(logits).float()  # [B, V] fp32 (bf16 heads: upcast)
+            full = self.to_target_logits(logits).float()  # [n, V] fp32 (bf16 heads: upcast)
             q = probs_from_logits(full, batch.sampling)
             tok = sample_from_probs(q, rng.uniforms(batch.seed, batch.n_gen + i, rng.DRAFT))
             tok = torch.where(batch.sampling.greedy, full.argmax(dim=-1), tok)
             tokens.append(tok)
             probs.append(q)
             if i + 1 < k:  # pair (own state, draft i) at position pos + i
-                logits, state = self._step(i + 1, tok, state, batch, i)
+                top = max_start
+                if top is None and batch.max_pos is not None:
+                    top = batch.max_pos + i
+                logits, state = self._step(i + 1, tok, state, batch, i, top)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
 
-    def _step(self, depth: int, tok, state, batch: DraftBatch, i: int):
-        """One recursive draft forward: pair (own state, token) at position pos + i."""
-        top = None if batch.max_pos is None else batch.max_pos + i
+    def _step(self, depth: int, tok, state, batch: DraftBatch, i: int, top: int | None):
+        """One recursive draft forward: pair (own state, token) at position pos + i; top:
+        its key axis's max_start (None: read from the positions)."""
         lg, st = self.run(depth, tok.unsqueeze(1), state.unsqueeze(1), batch.pos + i, max_start=top)
         return lg[:, 0], st[:, 0]
 
@@ -402,7 +461,8 @@ class FeatureDrafter(Drafter):
             tokens.append(t)
             probs.append(p)
             if i + 1 < depth:  # pair (own state, path token i) at position pos + i
-                logits, state = self._step(i + 1, t[:, 0], state, batch, i)
+                top = None if batch.max_pos is None else batch.max_pos + i
+                logits, state = self._step(i + 1, t[:, 0], state, batch, i, top)
         return torch.stack(tokens, 1), torch.stack(probs, 1)
 
     def move(self, src: int, dst: int) -> None:

@@ -113,7 +113,13 @@ class Stepper:
         k = max(0, min(k, room, deepest))
         num_draft = st.num_draft(B, k)  # [B]
         prop, form = None, None
-        if k > 0:
+        # a drafter that proposes on the device alone does so inside the static step
+        in_graph = k > 0 and self.step_graphs is not None and getattr(self.drafter, "static", 0)
+        if in_graph:
+            t = time.perf_counter()
+            self.drafter.prepare_static(B, k, st.history)  # (long lags: eagerly)
+            self.stats.draft_s += time.perf_counter() - t
+        elif k > 0:
             form = self.depth.forms.choose(k) if self.forms else None
             t = time.perf_counter()
             prop = self.drafter.propose(
@@ -138,7 +144,7 @@ class Stepper:
                 num_draft = torch.minimum(num_draft, prop.lengths)
         pos_before = st.pos[:B].clone()
         t = time.perf_counter()
-        packed, hidden, n, K1 = self._verify(st, B, k, prop, num_draft, top, ctx)
+        packed, hidden, n, K1 = self._verify(st, B, k, prop, num_draft, top, ctx, in_graph)
         self.stats.target_s += time.perf_counter() - t
         tree = prop is not None and prop.parents is not None
         read = self._read(st, range(B), packed.tolist(), n, K1, tree=tree)
@@ -161,11 +167,13 @@ class Stepper:
         num_draft: torch.Tensor,
         top: int,
         ctx: int,
+        in_graph: bool = False,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int, int]:
         """The device part of an iteration of rows 0..B-1 after its proposal: the target
         forward, verification (a chain, k = 0 plain, or a tree) and recording. Returns
         (the packed read of `_record`, the drafter's hidden states of rows 0..B-1, the
-        rows packed, the candidates per row K + 1).
+        rows packed, the candidates per row K + 1). `in_graph`: the proposal is made
+        in the static step too (`FeatureDrafter.propose_static`; prop is None).
 
         With graphs (`engine.graphs`) the same step runs over the static buffers of the
         batch's bucket: rows past B are padding, the key axis is the key bucket's, and a
@@ -185,7 +193,8 @@ class Stepper:
         keys = graphs.key_bucket(top + k + 1, self.cache.max_len)  # the key axis
         tree = parents is not None  # (a tree always takes lengths: it may be narrower than k)
         shape = (probs is not None, lengths is not None or tree, tree)
-        key = (Bb, k, keys, *shape, hints)
+        epoch = getattr(self.drafter, "epoch", 0) if in_graph else -1  # its tensors' age
+        key = (Bb, k, keys, *shape, hints, epoch)
         V = self.model.cfg.vocab_size
         buf = self.step_graphs.buffers(key, lambda: graphs.Inputs.new(Bb, k, V, *shape, **long))
         buf.fill(B, drafts, probs, lengths, parents)
@@ -196,11 +205,20 @@ class Stepper:
             if buf.lengths is not None and buf.parents is None:
                 nd = torch.minimum(nd, buf.lengths)
             sampling = st.sampling(slice(0, Bb), None, hints).only(live)
+            drafts, probs = buf.drafts, buf.probs
+            if in_graph:
+                pos = torch.where(live, st.pos[:Bb], 0)
+                last, seed, n_gen = st.last[:Bb], st.seed[:Bb], st.n_gen[:Bb]
+                batch = DraftBatch(k, nd, last, pos, st.history, sampling, seed, n_gen)
+                prop = self.drafter.propose_static(batch, live, keys)
+                drafts, probs = prop.tokens, prop.probs
             start = keys - (k + 1)  # the `max_start` that gives that key axis
-            args = (buf.drafts, buf.probs, buf.parents, buf.lengths, nd, start, ctx, sampling)
+            args = (drafts, probs, buf.parents, buf.lengths, nd, start, ctx, sampling)
             return self._device_step(st, Bb, *args, live=live)
 
         packed, hidden, K1 = self.step_graphs.run(key, step)
+        if in_graph:
+            self.drafter.after_static(B)
         return packed, {i: h[:B] for i, h in hidden.items()}, Bb, K1
 
     def _device_step(

@@ -19,6 +19,8 @@ most tokens per second, 0 = plain), against plain decoding on the same workload.
 
 from __future__ import annotations
 
+import statistics
+
 from specroll.sim.presets import preset
 from specroll.sim.rollout import Speculation, TreeCost
 
@@ -80,3 +82,31 @@ def project(
             "sizes": {n: round(c / iters, 4) for n, c in enumerate(gen["depth_hist"]) if c},
         }
     return out
+
+
+def gpu_costs(report: dict, shape: str, graphs: bool = True) -> dict[str, float]:
+    """The tree inputs of a projection from `benchmarks/gpu_check.py`'s report: its rows
+    of `shape` (with or without graphs) give, per batch measured, the tree path's fixed
+    time as what a tree of 4 nodes costs over a random chain of 4 tokens (the same width:
+    what is left is the mask, the walk and the path's compaction) and the tree overhead
+    as a tree of 16 nodes, less that fixed time, over a chain of 16; medians over the
+    batches. Returns {"tree_fixed_ms", "tree_overhead", "batches"}."""
+    ms: dict[tuple[str, int], float] = {}
+    for r in report.get("rows", []):
+        if r.get("shape") == shape and bool(r.get("graphs")) == graphs and r.get("ms_per_iter"):
+            ms[r["mode"], int(r["batch"])] = float(r["ms_per_iter"])
+    need = ("tree4", "rchain4", "tree16", "rchain16")
+    batches = sorted({b for _, b in ms if all((m, b) in ms for m in need)})
+    if not batches:
+        raise ValueError(
+            f"the gpu_check report has no rows of {', '.join(need)} for shape {shape!r} "
+            f"(graphs={graphs}) at one batch; shapes: "
+            f"{sorted({r.get('shape') for r in report.get('rows', [])})}"
+        )
+    fixed = [max(ms["tree4", b] - ms["rchain4", b], 0.0) for b in batches]
+    over = [(ms["tree16", b] - f) / ms["rchain16", b] for b, f in zip(batches, fixed, strict=True)]
+    return {
+        "tree_fixed_ms": statistics.median(fixed),
+        "tree_overhead": max(statistics.median(over), 1e-3),
+        "batches": batches,
+    }
