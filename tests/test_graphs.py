@@ -100,6 +100,34 @@ def test_the_static_step_emits_the_engines_tokens(name, static_on_cpu, eager_sha
         assert 0 < stats.graphs <= graphs.MAX_GRAPHS
 
 
+class _OnOff(FixedDepth):
+    """k for three iterations, then 0 for three, ...: a draft's cache falls behind while
+    speculation is off (what the adaptive policy does at large batches)."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k=k, max_batch=64)
+        self.calls = 0
+
+    def choose(self, B: int, ctx: float) -> int:
+        self.calls += 1
+        return 0 if (self.calls // 3) % 2 else self.k
+
+
+@pytest.mark.parametrize("name", ["draft_model", "eagle3", "mtp"])
+def test_a_lagging_draft_catches_up_before_the_static_step(name, static_on_cpu, eager_shapes):
+    """After plain iterations a draft lags more than a static step feeds: it is fed
+    eagerly first (`prepare_static`), and the tokens are the eager engine's."""
+    target, reqs = model(), requests(17)
+    outs = []
+    for on in (False, True):
+        config = EngineConfig(max_batch=5, seed=7, cuda_graphs=on)
+        eng = Engine(target, config, drafters(target)[name](), _OnOff(3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outs.append(_outputs(eng.generate(reqs)))
+    assert outs[0] == outs[1] and eng.stats.graphs > 0
+
+
 @pytest.mark.parametrize("name", ["plain", "draft_model", "eagle3", "history"])
 def test_buckets_change_rounding_not_greedy_tokens(name, static_on_cpu):
     """A graph's batch is padded to its bucket and its key axis runs past the deepest row

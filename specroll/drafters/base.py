@@ -398,7 +398,7 @@ class FeatureDrafter(Drafter):
         self.catch_up(batch.last.shape[0], batch.history)
         return self._draft(batch, None)
 
-    def prepare_static(self, B: int, k: int, history: torch.Tensor) -> None:
+    def prepare_static(self, B: int, k: int, history: torch.Tensor, pos_host: list[int]) -> None:
         """Before a static step of depth k: rows lagging more than the k + 1 pairs an
         iteration adds (speculation was off) catch up eagerly, so the step's feed, k + 1
         wide, holds every row's pending pairs."""
@@ -415,7 +415,7 @@ class FeatureDrafter(Drafter):
         self._feed(0, n, batch.history, width=W, live=live, max_start=keys - W)
         return self._draft(batch, keys - 1)
 
-    def after_static(self, B: int) -> None:
+    def after_static(self, B: int, k: int, pos_host: list[int]) -> None:
         """A static step fed every pending pair of rows 0..B-1."""
         self.fed_host[:B] = self.dpos_host[:B]
 

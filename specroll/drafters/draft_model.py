@@ -21,9 +21,16 @@ from specroll.model.transformer import Transformer
 from specroll.spec import rng
 from specroll.spec.sampling import probs_from_logits, sample_from_probs
 
+FEED = 2
+"""Tokens a static step feeds the draft per row before drafting: after a proposal the
+draft holds all but the target's last one or two (the bonus token, and the last draft
+when all were accepted); a longer lag (speculation was off) is fed eagerly first."""
+
 
 class DraftModelDrafter(Drafter):
     name = "draft_model"
+    static = True
+    """Proposes inside the engine's static step (`propose_static`, `engine.graphs`)."""
 
     def __init__(self, model: Transformer, version: int = 0) -> None:
         self.model = self.network = model.eval()
@@ -32,16 +39,23 @@ class DraftModelDrafter(Drafter):
         self.device = next(model.parameters()).device
         self.dpos = torch.zeros(0, dtype=torch.long, device=self.device)  # [S] cached tokens
         self.dpos_host: list[int] = []  # the same, on the host (no read sizes a catch-up)
-        self._proposed: tuple[torch.Tensor, list[int], int] | None = None
+        self._proposed: tuple[list[int], int] | None = None  # (pos on the host, k)
+        self.epoch = 0
+        """Bumped when the drafter's tensors are made anew (graphs over the old ones are
+        stale: the engine keys its graphs by it)."""
 
     def start(self, num_slots: int, max_len: int) -> None:
         c = self.cache
         p = next(self.model.parameters())
         self.device = p.device  # the model may have been moved since construction
         fits = c is not None and c.num_slots >= num_slots and c.max_len >= max_len
-        if not (fits and c.k.device == p.device and c.k.dtype == p.dtype):
-            self.cache = None
-            self.cache = KVCache(self.model.cfg, num_slots, max_len, p.dtype, p.device)
+        self.dpos_host = [0] * num_slots if c is None else [0] * c.num_slots
+        if fits and c.k.device == p.device and c.k.dtype == p.dtype:
+            self.dpos.zero_()  # the same tensors (graphs hold their addresses)
+            return
+        self.epoch += 1
+        self.cache = None
+        self.cache = KVCache(self.model.cfg, num_slots, max_len, p.dtype, p.device)
         self.dpos = torch.zeros(self.cache.num_slots, dtype=torch.long, device=self.device)
         self.dpos_host = [0] * self.cache.num_slots
 
@@ -61,43 +75,87 @@ class DraftModelDrafter(Drafter):
     def propose(self, batch: DraftBatch) -> Proposal:
         B, k = batch.last.shape[0], batch.k
         # catch up: feed history[dpos .. pos] (1 token, or 2 after a full acceptance, ...)
-        dpos = self.dpos[:B]
-        n_feed = batch.pos + 1 - dpos  # [B] >= 1
         pos_host = batch.pos_host if batch.pos_host is not None else batch.pos.tolist()
         w = max(p + 1 - d for p, d in zip(pos_host, self.dpos_host[:B], strict=True))
-        col = torch.arange(w, device=self.device)
-        idx = (dpos.unsqueeze(1) + col).clamp(max=batch.history.shape[1] - 1)  # [B, w]
-        feed = batch.history[:B].gather(1, idx)  # [B, w] (tail beyond n_feed is padding)
-        logits = self.model(
-            feed,
+        logits = self._feed(batch, self.dpos[:B], w, max(self.dpos_host[:B]))
+        self._proposed = (list(pos_host), k)
+        return self._draft(logits, batch, max(pos_host) + 1)
+
+    def prepare_static(self, B: int, k: int, history: torch.Tensor, pos_host: list[int]) -> None:
+        """Before a static step: rows whose draft cache lags more than `FEED` tokens
+        behind (speculation was off) are fed all but their last token eagerly."""
+        lag = [p + 1 - d for p, d in zip(pos_host, self.dpos_host[:B], strict=True)]
+        if max(lag, default=0) <= FEED:
+            return
+        dpos = self.dpos[:B]
+        idx = (dpos.unsqueeze(1) + torch.arange(max(lag) - 1, device=self.device)).clamp(
+            max=history.shape[1] - 1
+        )
+        self.model(
+            history[:B].gather(1, idx),
+            positions=dpos,
+            cache=self.cache,
+            return_logits=False,
+            max_start=max(self.dpos_host[:B]),
+        )  # (a row fed past its own lag writes junk its next forward overwrites)
+        self.dpos[:B] = upload(pos_host, self.device)
+        self.dpos_host[:B] = list(pos_host)
+
+    def propose_static(self, batch: DraftBatch, live: torch.Tensor, keys: int) -> Proposal:
+        """`propose` over a static step's rows (`engine.graphs`), every shape fixed: `FEED`
+        tokens fed per row (padding rows, `live` False, at position 0 of their free
+        slot), then the k drafts; attention's key axis `keys` long."""
+        dpos = torch.where(live, self.dpos[: batch.last.shape[0]], 0)
+        logits = self._feed(batch, dpos, FEED, keys - FEED)
+        return self._draft(logits, batch, keys - 1, fixed=True)
+
+    def after_static(self, B: int, k: int, pos_host: list[int]) -> None:
+        """A static step proposed k drafts for rows 0..B-1 at positions pos_host."""
+        self._proposed = (list(pos_host), k)
+
+    def _feed(self, batch: DraftBatch, dpos: torch.Tensor, width: int, top: int) -> torch.Tensor:
+        """Feed each row's history[dpos .. pos] (`width` wide: the tail past a row's own
+        count is padding) → its logits at pos, [n, V]; top: max_start of the key axis."""
+        n_feed = (batch.pos + 1 - dpos).clamp(1, width)  # [n]
+        col = torch.arange(width, device=self.device)
+        idx = (dpos.unsqueeze(1) + col).clamp(max=batch.history.shape[1] - 1)  # [n, width]
+        return self.model(
+            batch.history[: dpos.shape[0]].gather(1, idx),
             positions=dpos,
             cache=self.cache,
             logits_index=(n_feed - 1).unsqueeze(1),
-            max_start=max(self.dpos_host[:B]),
+            max_start=top,
         ).logits[:, 0]
+
+    def _draft(
+        self, logits: torch.Tensor, batch: DraftBatch, top: int, fixed: bool = False
+    ) -> Proposal:
+        """The k drafts, sampled from q at the rows' settings; top: the key axis of the
+        first draft forward (later ones one further, unless `fixed`)."""
         tokens, probs = [], []
-        for i in range(k):
+        for i in range(batch.k):
             q = probs_from_logits(logits, batch.sampling)
             u = rng.uniforms(batch.seed, batch.n_gen + i, rng.DRAFT)
             tok = sample_from_probs(q, u)
             tok = torch.where(batch.sampling.greedy, logits.argmax(dim=-1), tok)
             tokens.append(tok)
             probs.append(q)
-            if i + 1 < k:
-                top = max(pos_host) + 1 + i  # no read-back
+            if i + 1 < batch.k:
                 logits = self.model(
-                    tok.unsqueeze(1), positions=batch.pos + 1 + i, cache=self.cache, max_start=top
+                    tok.unsqueeze(1),
+                    positions=batch.pos + 1 + i,
+                    cache=self.cache,
+                    max_start=top if fixed else top + i,  # no read-back
                 ).logits[:, 0]
-        self._proposed = (batch.pos.clone(), list(pos_host), k)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
 
     def commit(self, B, pos_before, num_new, hidden, read) -> None:
         if self._proposed is None:
             return  # nothing drafted this step: the cache catches up at the next proposal
-        pos, pos_host, k = self._proposed
+        pos_host, k = self._proposed
         # cached: last + drafts 1..k-1; valid: last + the accepted drafts (num_new - 1)
         valid = 1 + torch.minimum(num_new - 1, torch.full_like(num_new, k - 1))
-        self.dpos[:B] = pos + valid
+        self.dpos[:B] = pos_before + valid
         self.dpos_host[:B] = [p + min(e, k) for p, e in zip(pos_host, read.emitted, strict=True)]
         self._proposed = None
 

@@ -29,11 +29,13 @@ once), share one memory pool, and are bounded in number (`MAX_GRAPHS`); capture 
 and pool memory go to `SpecStats`.
 
 What a graph holds: the target forward, the verification (a chain, or a tree of k nodes
-walked masked) and the recording of every decoding iteration, and for EAGLE-3 and MTP
-the proposal too (`FeatureDrafter.propose_static`: the pending pairs fed k + 1 wide,
-then the k draft forwards). Other drafters propose eagerly before the graph (the
-n-gram and history drafters launch a handful of kernels; the draft model's own forwards
-are the next to capture); commits run after it.
+walked masked) and the recording of every decoding iteration, and for the drafters that
+propose on the device alone the proposal too: EAGLE-3 and MTP (`FeatureDrafter.
+propose_static`: the pending pairs fed k + 1 wide, then the k draft forwards) and the
+draft model (`DraftModelDrafter.propose_static`: two tokens fed, then its k forwards).
+A draft that lags further (speculation was off) is fed eagerly first (`prepare_static`).
+The n-gram, history and combined drafters propose eagerly before the graph (host lists,
+or a handful of kernels); commits run after it.
 
 `STATIC_ON` names the device types that take this path when `EngineConfig.cuda_graphs`
 is on. The tests add the CPU to it: there "capture" keeps the function and "replay"

@@ -117,7 +117,7 @@ class Stepper:
         in_graph = k > 0 and self.step_graphs is not None and getattr(self.drafter, "static", 0)
         if in_graph:
             t = time.perf_counter()
-            self.drafter.prepare_static(B, k, st.history)  # (long lags: eagerly)
+            self.drafter.prepare_static(B, k, st.history, pos_host)  # (long lags: eagerly)
             self.stats.draft_s += time.perf_counter() - t
         elif k > 0:
             form = self.depth.forms.choose(k) if self.forms else None
@@ -218,7 +218,7 @@ class Stepper:
 
         packed, hidden, K1 = self.step_graphs.run(key, step)
         if in_graph:
-            self.drafter.after_static(B)
+            self.drafter.after_static(B, k, st.pos_host[:B])
         return packed, {i: h[:B] for i, h in hidden.items()}, Bb, K1
 
     def _device_step(
