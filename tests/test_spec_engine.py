@@ -193,6 +193,7 @@ class _Diluted(DraftModelDrafter):
     probability a = 1 - eps, whatever the context and the other positions."""
 
     name = "diluted"
+    static = False  # its `propose` is its own (no static step proposes for it)
 
     def __init__(self, model: Transformer, eps: float, seed: int = 0) -> None:
         super().__init__(model)

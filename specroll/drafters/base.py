@@ -162,6 +162,12 @@ class Drafter:
     forms: tuple[str, ...] = ()
     """The proposal forms the engine's depth policy chooses between (`engine.forms`);
     empty: the drafter proposes in one form."""
+    static = False
+    """Proposes on the device alone, so inside the engine's static step (`engine.graphs`,
+    with CUDA graphs on): it then implements `prepare_static`, `propose_static` and
+    `after_static`, and bumps `epoch` whenever it makes its tensors anew. (A subclass
+    that changes `propose` changes `propose_static` alike, or sets this False.)"""
+    epoch = 0
 
     def start(self, num_slots: int, max_len: int) -> None:
         pass
@@ -191,6 +197,21 @@ class Drafter:
     def report(self) -> FormReport | None:
         """What the last proposal measured (drafters with `forms`)."""
         return None
+
+    def prepare_static(self, B: int, k: int, history: torch.Tensor, pos_host: list[int]) -> None:
+        """`static` drafters, before a static step of depth k over rows 0..B-1 (at
+        positions pos_host): what the step's fixed shapes cannot hold, done eagerly."""
+        raise NotImplementedError
+
+    def propose_static(self, batch: DraftBatch, live: torch.Tensor, keys: int) -> Proposal:
+        """`static` drafters: `propose` inside the static step, over its bucket's rows
+        (`live`: the rows that are not padding), attention's key axis `keys` long; no
+        host read and no host state (a CUDA graph replays only the device work)."""
+        raise NotImplementedError
+
+    def after_static(self, B: int, k: int, pos_host: list[int]) -> None:
+        """`static` drafters, after the step: bring the host state up to it."""
+        raise NotImplementedError
 
     def warm(self) -> None:
         """Build whatever the network caches from its weights (prepacked copies) now,

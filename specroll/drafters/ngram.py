@@ -22,10 +22,28 @@ class NgramDrafter(Drafter):
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         self.n_max, self.n_min = n_max, n_min
 
+    static = True  # (it keeps no tensors: its epoch stays 0)
+
     def propose(self, batch: DraftBatch) -> Proposal:
+        L = int(batch.pos.max()) + 1 if batch.max_pos is None else batch.max_pos + 1
+        return self._match(batch, L)
+
+    def prepare_static(self, B: int, k: int, history: torch.Tensor, pos_host: list[int]) -> None:
+        pass
+
+    def propose_static(self, batch: DraftBatch, live: torch.Tensor, keys: int) -> Proposal:
+        """`propose` over a static step's rows, the history searched `keys` wide (past a
+        row's length nothing matches; a padding row, at position 0, matches nothing)."""
+        return self._match(batch, keys)
+
+    def after_static(self, B: int, k: int, pos_host: list[int]) -> None:
+        pass
+
+    def _match(self, batch: DraftBatch, L: int) -> Proposal:
+        """The continuation of each row's longest recent n-gram match within the first L
+        positions of its history."""
         B, k = batch.last.shape[0], batch.k
         length = batch.pos + 1  # [B] valid history per row (last token included)
-        L = int(length.max()) if batch.max_pos is None else batch.max_pos + 1
         hist = batch.history[:B, :L]  # [B, L]
         long = dict(dtype=torch.long, device=hist.device)
         found = torch.full((B,), -1, **long)  # start of the continuation

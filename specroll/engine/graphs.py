@@ -33,9 +33,10 @@ walked masked) and the recording of every decoding iteration, and for the drafte
 propose on the device alone the proposal too: EAGLE-3 and MTP (`FeatureDrafter.
 propose_static`: the pending pairs fed k + 1 wide, then the k draft forwards) and the
 draft model (`DraftModelDrafter.propose_static`: two tokens fed, then its k forwards).
-A draft that lags further (speculation was off) is fed eagerly first (`prepare_static`).
-The n-gram, history and combined drafters propose eagerly before the graph (host lists,
-or a handful of kernels); commits run after it.
+The n-gram drafter matches within the key bucket's width. A draft that lags further
+(speculation was off) is fed eagerly first (`prepare_static`). The history and combined
+drafters build their trees on the host and propose eagerly before the graph (their
+tensors go in pinned, through the buffers); commits run after it.
 
 `STATIC_ON` names the device types that take this path when `EngineConfig.cuda_graphs`
 is on. The tests add the CPU to it: there "capture" keeps the function and "replay"

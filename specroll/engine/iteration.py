@@ -114,7 +114,7 @@ class Stepper:
         num_draft = st.num_draft(B, k)  # [B]
         prop, form = None, None
         # a drafter that proposes on the device alone does so inside the static step
-        in_graph = k > 0 and self.step_graphs is not None and getattr(self.drafter, "static", 0)
+        in_graph = k > 0 and self.step_graphs is not None and self.drafter.static
         if in_graph:
             t = time.perf_counter()
             self.drafter.prepare_static(B, k, st.history, pos_host)  # (long lags: eagerly)
@@ -173,7 +173,7 @@ class Stepper:
         forward, verification (a chain, k = 0 plain, or a tree) and recording. Returns
         (the packed read of `_record`, the drafter's hidden states of rows 0..B-1, the
         rows packed, the candidates per row K + 1). `in_graph`: the proposal is made
-        in the static step too (`FeatureDrafter.propose_static`; prop is None).
+        in the static step too (the drafter's `propose_static`; prop is None).
 
         With graphs (`engine.graphs`) the same step runs over the static buffers of the
         batch's bucket: rows past B are padding, the key axis is the key bucket's, and a
@@ -193,7 +193,7 @@ class Stepper:
         keys = graphs.key_bucket(top + k + 1, self.cache.max_len)  # the key axis
         tree = parents is not None  # (a tree always takes lengths: it may be narrower than k)
         shape = (probs is not None, lengths is not None or tree, tree)
-        epoch = getattr(self.drafter, "epoch", 0) if in_graph else -1  # its tensors' age
+        epoch = self.drafter.epoch if in_graph else -1  # its tensors' age
         key = (Bb, k, keys, *shape, hints, epoch)
         V = self.model.cfg.vocab_size
         buf = self.step_graphs.buffers(key, lambda: graphs.Inputs.new(Bb, k, V, *shape, **long))
@@ -212,6 +212,8 @@ class Stepper:
                 batch = DraftBatch(k, nd, last, pos, st.history, sampling, seed, n_gen)
                 prop = self.drafter.propose_static(batch, live, keys)
                 drafts, probs = prop.tokens, prop.probs
+                if prop.lengths is not None:  # (a chain's usable drafts: n-gram matches)
+                    nd = torch.minimum(nd, prop.lengths)
             start = keys - (k + 1)  # the `max_start` that gives that key axis
             args = (drafts, probs, buf.parents, buf.lengths, nd, start, ctx, sampling)
             return self._device_step(st, Bb, *args, live=live)
