@@ -9,16 +9,17 @@ GPU machine.)
 
 In order of importance (past `--budget-s` the rest is skipped and listed as skipped):
 1. ms per decode iteration (a generate of N tokens minus one of 1 token, over
-   `stats.target_forwards`; configurations interleaved; median of repeats) of plain
-   decoding, EAGLE-3 chains of k (a random head) and random trees of n nodes, at each
-   batch, with and without CUDA graphs (`engine.graphs`; captured in the warm-up call,
-   replayed in the timed ones): SmolLM2-135M's shape, then Qwen3-8B's plain, chain3 and
-   tree16;
+   `stats.target_forwards`; configurations interleaved; median of repeats), graphs off
+   and on (`engine.graphs`; captured in the warm-up call, replayed in the timed ones), of
+   the modes the issue's targets name (plain, EAGLE-3 chain of 3 with a random head, a
+   random tree of 16): SmolLM2-135M's shape at every batch, Qwen3-8B's at batch <= 32;
 2. `pytest -m gpu -k joint tests/test_gpu.py`: the chi-square exactness tests, eager and
    with graphs (`--gpu-tests-k ''` runs the whole file);
 3. the anchor: transformers' generate with its static cache and torch.compile, same
    shapes, batches and measurement (N tokens minus 1, over N - 1);
-4. the rest: Qwen3-8B's other modes, Qwen3-1.7B, the 1.7B anchor.
+4. the simulator's tree inputs (trees of 4, random chains of 4 and 16) at Qwen3-8B's
+   shape, then every other mode (chains of 1 and 5, trees of 64) and batch, Qwen3-1.7B
+   and its anchor.
 The dry run (`--device cpu`) takes the graph path's CPU stand-in (`graphs.STATIC_ON`).
 Weights are random (a forward's time does not depend on them), made on the device in the
 run's dtype. A shape's HBM floor is the weight bytes a decode iteration reads over a
@@ -87,14 +88,15 @@ SHAPES = {  # role -> (name, HF config); "small" and "big" carry the issue's tar
 }
 DEFAULTS = {  # per device type; every one a flag
     "cuda": dict(batches="1,8,32,128", chains="1,3,5", trees="4,16,64", rchains="4,16",
-                 new_tokens=32, prompt_len=128, repeats=3, budget_s=420.0, dtype="bfloat16",
+                 new_tokens=24, prompt_len=128, repeats=3, budget_s=420.0, dtype="bfloat16",
                  copy_mib=1024),
     "cpu": dict(batches="1,2", chains="1,3", trees="4,16", rchains="4,16", new_tokens=6,
                 prompt_len=8, repeats=1, budget_s=600.0, dtype="float32", copy_mib=16),
 }  # fmt: skip
-CORE = ("plain", "chain3", "tree16", "rchain4", "tree4", "rchain16")
-"""The big shape's modes measured before the anchor at batch <= 32 (the targets', the
-simulator's tree inputs); the rest come last."""
+TARGETS = ("plain", "chain3", "tree16")
+"""The modes the issue's targets name: measured first (the big shape at batch <= 32)."""
+SIM = ("tree4", "rchain4", "rchain16")
+"""With tree16, the simulator's tree inputs (`specroll.sim.measured.gpu_costs`): next."""
 RESERVE_S = 15.0
 """Budget kept for the final report; a step starts only with more left than its need."""
 GRACE_S = 30.0
@@ -428,15 +430,18 @@ class Check:
             label = f"anchor {self.shapes[role][0]}"
             steps.append((label, 90.0 * cuda, partial(self.hf_anchor, role)))
 
-        core = [m for m in self.modes if m in CORE]
-        rest = [m for m in self.modes if m not in CORE]
+        targets = [m for m in self.modes if m in TARGETS]
+        sim = [m for m in self.modes if m in SIM]
+        rest = [m for m in self.modes if m not in TARGETS + SIM]
         upto32 = [b for b in self.batches if b <= 32]  # where the big shape's targets are
-        engines("small", self.modes, self.batches)
-        engines("big", core, upto32)
+        engines("small", targets, self.batches)
+        engines("big", targets, upto32)
         if cuda and not self.args.no_gpu_tests:
             steps.append(("gpu tests", 60.0, self.run_gpu_tests))
         anchor("small")
         anchor("big")
+        engines("big", sim, upto32)
+        engines("small", sim + rest, self.batches)
         engines("big", rest, upto32)
         engines("big", self.modes, [b for b in self.batches if b > 32])
         engines("mid", self.modes, self.batches)
