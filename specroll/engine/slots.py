@@ -61,7 +61,7 @@ class Slots:
         self.drafted_pos = torch.zeros(n, max(k_max, 1), **long)
         self.request = [-1] * n
         # host mirrors, kept in step with the tensors from values the host already has
-        # (request parameters) or reads once per iteration (`Engine._accept`)
+        # (request parameters) or reads once per iteration (`Stepper._read`)
         self.pos_host = [0] * n
         """pos of each slot, on the host."""
         self.finish_host = [NONE] * n
