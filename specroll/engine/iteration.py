@@ -343,7 +343,7 @@ class Stepper:
         if live is not None:
             count = torch.where(live, count, 0)
             finish = torch.where(live, finish, st.finish[rows])
-        st.record(rows, idx, out, ver.logprobs, emitted, count, finish)
+        st.record(rows, idx, out, ver.logprobs, emitted, count, finish, live)
         drafted = st.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
         if nodes is None:
             nodes = torch.zeros_like(num_draft)

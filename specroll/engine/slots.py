@@ -189,12 +189,14 @@ class Slots:
         emitted: torch.Tensor,
         count: torch.Tensor,
         finish: torch.Tensor,
-    ) -> torch.Tensor:
+        live: torch.Tensor | None = None,
+    ) -> None:
         """An iteration's verified tokens for `rows` ([n] slots): the first count[b] of
         row b's K + 1 candidates (tokens, logprobs: [n, K+1], at output indices idx
         [n, K+1]) are kept, written with a mask into the slack columns; its cache position
         advances by emitted[b] (the tokens that entered the cache), its finish code
-        becomes finish[b]. Returns each row's new `last` ([n])."""
+        becomes finish[b]. `live` [n]: the rows that are not a static step's padding
+        (None: all); a padding row emits nothing and keeps its `last`."""
         col = torch.arange(tokens.shape[1], device=self.device)
         keep = col < count.unsqueeze(1)  # [n, K+1]
         r2 = rows.unsqueeze(1)  # [n, 1]
@@ -202,13 +204,14 @@ class Slots:
         self.tokens[r2, idx] = torch.where(keep, tokens, self.tokens[r2, idx])
         self.logprobs[r2, idx] = torch.where(keep, logprobs, self.logprobs[r2, idx])
         self._history[r2, hpos] = torch.where(keep, tokens, self._history[r2, hpos])
-        last = tokens.gather(1, (emitted - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # [n]
-        last = torch.where(emitted > 0, last, self.last[rows])  # (padding rows emit none)
+        at = emitted - 1 if live is None else (emitted - 1).clamp(min=0)  # [n]
+        last = tokens.gather(1, at.unsqueeze(1)).squeeze(1)  # [n]
+        if live is not None:
+            last = torch.where(live, last, self.last[rows])
         self.last[rows] = last
         self.pos[rows] += emitted
         self.n_gen[rows] += count
         self.finish[rows] = finish
-        return last
 
     def count_drafts(
         self,
