@@ -8,6 +8,7 @@ let a padding row write what it should not, would change the tokens."""
 
 from __future__ import annotations
 
+import random
 import warnings
 
 import pytest
@@ -236,3 +237,46 @@ def test_a_padding_row_keeps_its_slot_untouched(static_on_cpu):
     eng._step = spy
     eng.generate(reqs)
     assert seen and all(seen)
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_random_requests_give_the_same_tokens_on_the_static_step(
+    trial, static_on_cpu, eager_shapes
+):
+    """Random prompts, budgets, stop ids, draft caps, sampling settings, slot counts and
+    depths switching on and off: the static step's tokens, finish reasons and drafts are
+    the eager step's. (Not MTP with several heads: its depth-2 step reads a cache position
+    no pair of the proposal wrote, so the two paths draft from different leftovers.)"""
+    rnd = random.Random(trial)
+    name = rnd.choice(["plain", "ngram", "draft_model", "eagle3", "history", "combined"])
+    reqs = [
+        Request(
+            [rnd.randrange(64) for _ in range(rnd.randint(1, 40))],
+            SamplingParams(
+                max_new_tokens=rnd.randint(1, 60),
+                temperature=rnd.choice([0.0, 0.7, 1.0, 1.3]),
+                top_k=rnd.choice([0, 0, 5]),
+                top_p=rnd.choice([1.0, 1.0, 0.8]),
+                stop_token_ids=tuple(rnd.sample(range(64), rnd.choice([0, 1, 3]))),
+                seed=rnd.randrange(1000),
+                max_draft=rnd.choice([None, None, 0, 1, 2]),
+            ),
+        )
+        for _ in range(rnd.randint(1, 12))
+    ]
+    max_batch = rnd.randint(1, 8)
+    tree = name in ("history", "combined")
+    k = rnd.choice([2, 4, 8, 16] if tree else [1, 2, 3, 5])
+    target = model()
+    outs = []
+    for on in (False, True):
+        drafter = drafters(target)[name]()
+        depth = _OnOff(k) if drafter is not None else None
+        eng = Engine(
+            target, EngineConfig(max_batch=max_batch, seed=trial, cuda_graphs=on), drafter, depth
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = eng.generate(reqs)
+        outs.append([(r.token_ids, r.finish_reason, r.spec.accepted_tokens) for r in res])
+    assert outs[0] == outs[1], (name, max_batch, k)
