@@ -19,6 +19,9 @@ MAX_CTX = 1 << 20
 """Longest context a profile measures (--ctx), beyond any supported model's window."""
 
 
+GRAPHS_HELP = "on CUDA, replay the engine's decoding step as CUDA graphs (engine.graphs)"
+
+
 def add_placement_args(p: argparse.ArgumentParser) -> None:
     """--device and --dtype of commands that run the engine."""
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
@@ -72,6 +75,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
         hf=not args.no_hf,
         verify_batches=verify,
         log=common.console.print,
+        cuda_graphs=args.cuda_graphs,
     )
     table = Table(title="engine throughput (tok/s, median)")
     for col in ("batch", "specroll", "transformers", "ratio"):
@@ -121,6 +125,7 @@ def cmd_bench_spec(args: argparse.Namespace) -> None:
         log=common.log,
         group=args.group,
         past=args.past,
+        cuda_graphs=args.cuda_graphs,
     )
     where = report["config"]
     title = f"speculative decoding (T={args.temperature}, {where['device']}, {where['dtype']})"
@@ -219,6 +224,7 @@ def add_parser(sub) -> None:
     be.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     add_placement_args(be)
     be.add_argument("--json", action="store_true", help="end with one JSON line")
+    be.add_argument("--cuda-graphs", action="store_true", help=GRAPHS_HELP)
     be.set_defaults(func=cmd_bench_engine)
     bs = bench.add_parser("spec", help="speculative vs plain decoding, same prompts and seeds")
     bs.add_argument("--model", default="smollm2")
@@ -243,6 +249,7 @@ def add_parser(sub) -> None:
     bs.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
     add_placement_args(bs)
     bs.add_argument("--json", action="store_true", help="end with one JSON line")
+    bs.add_argument("--cuda-graphs", action="store_true", help=GRAPHS_HELP)
     bs.set_defaults(func=cmd_bench_spec)
     bb = bench.add_parser("backends", help="specroll's engine vs vLLM, plain and EAGLE-3")
     bb.add_argument("--model", default="smollm2")

@@ -66,7 +66,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
             log = common.log
             depth = AdaptiveDepth(cached_profile(model, drafter, ids, args.profile, log), args.k)
-    engine = Engine(model, EngineConfig(max_batch=args.batch, seed=args.seed), drafter, depth)
+    config = EngineConfig(max_batch=args.batch, seed=args.seed, cuda_graphs=args.cuda_graphs)
+    engine = Engine(model, config, drafter, depth)
     requests = [Request(p, params) for p in ids * args.samples]
     budget = sum(r.params.max_new_tokens for r in requests)
     with common.progress_bar() as bar:
@@ -205,6 +206,11 @@ def add_parser(sub) -> None:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--batch", type=int, default=16, help="max concurrent requests")
+    gen.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="on CUDA, replay the engine's decoding step as CUDA graphs (engine.graphs)",
+    )
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", help="write JSONL here instead of printing")
     gen.add_argument(

@@ -145,8 +145,10 @@ def bench_engine(
     hf: bool = True,
     verify_batches: list[int] | None = None,
     log: Callable[[str], None] = print,
+    cuda_graphs: bool = False,
 ) -> dict:
-    """Throughput of specroll and transformers at each batch size, plus verify_cost."""
+    """Throughput of specroll and transformers at each batch size, plus verify_cost;
+    `cuda_graphs`: the engine's decoding step replayed as CUDA graphs (`engine.graphs`)."""
     from specroll.model.hub import resolve
 
     p = next(model.parameters())
@@ -156,7 +158,7 @@ def bench_engine(
         texts = [BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)] for i in range(B)]
         prompts = [tok.encode_prompt(t) for t in texts]
         params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
-        engine = Engine(model, EngineConfig(max_batch=B))
+        engine = Engine(model, EngineConfig(max_batch=B, cuda_graphs=cuda_graphs))
         reqs = [Request(p, params) for p in prompts]
         engine.generate(reqs[:1])  # warm-up (allocates the cache)
         ours, theirs = [], []
@@ -192,8 +194,10 @@ def compare_spec(
     ks: list[int] | None,
     repeats: int = 3,
     log: Callable[[str], None] = print,
+    cuda_graphs: bool = False,
 ) -> list[dict]:
-    """Speculative vs plain decoding of `reqs` with `batch` slots, in this process.
+    """Speculative vs plain decoding of `reqs` with `batch` slots, in this process
+    (`cuda_graphs`: every engine's decoding step replayed as CUDA graphs).
 
     `drafters` by name, each run at every k of `ks`; or, with `ks` None, by (name, k),
     one drafter per engine (a drafter that keeps history must not share it with another
@@ -206,7 +210,7 @@ def compare_spec(
     overhead_frac is the share of wall time outside the draft and target forwards
     (verification, sampling, bookkeeping).
     """
-    plain, engines = _spec_engines(model, reqs, drafters, batch, ks)
+    plain, engines = _spec_engines(model, reqs, drafters, batch, ks, cuda_graphs)
     tok_s, stats = _interleaved_rounds(plain, engines, reqs, repeats)
     rows = []
     for d, k in engines:
@@ -222,19 +226,20 @@ def _spec_engines(
     drafters: dict[str, Drafter] | dict[tuple[str, int], Drafter],
     batch: int,
     ks: list[int] | None,
+    cuda_graphs: bool = False,
 ) -> tuple[Engine, dict[tuple[str, int], Engine]]:
     """`compare_spec`'s plain engine (warmed up on one request) and its engine per
     (drafter, k), all with `batch` slots."""
     from specroll.engine.depth import FixedDepth
 
-    plain = Engine(model, EngineConfig(max_batch=batch))
+    config = EngineConfig(max_batch=batch, cuda_graphs=cuda_graphs)
+    plain = Engine(model, config)
     plain.generate(reqs[:1])  # warm-up
     runs = (
         drafters if ks is None else {(d, k): drafter for d, drafter in drafters.items() for k in ks}
     )
     engines = {
-        (d, k): Engine(model, EngineConfig(max_batch=batch), drafter, FixedDepth(k))
-        for (d, k), drafter in runs.items()
+        (d, k): Engine(model, config, drafter, FixedDepth(k)) for (d, k), drafter in runs.items()
     }
     return plain, engines
 
@@ -361,6 +366,7 @@ def bench_spec(
     log: Callable[[str], None] = print,
     group: int = 0,
     past: int = 1,
+    cuda_graphs: bool = False,
 ) -> dict:
     """`compare_spec` per batch size on `spec_requests` (group 0: built-in prompts, else
     GRPO groups of math prompts), one drafter per (drafter, k) engine; history drafters
@@ -377,7 +383,7 @@ def bench_spec(
         built = {(d, k): build(d, model) for d, k in combos}
         for drafter in built.values():
             remember_past(model, drafter, reqs, past)
-        rows += compare_spec(model, reqs, built, B, None, repeats, log)
+        rows += compare_spec(model, reqs, built, B, None, repeats, log, cuda_graphs)
     return {
         "bench": "spec",
         "config": placement(model),
@@ -385,6 +391,7 @@ def bench_spec(
         "temperature": temperature,
         "group": group,
         "past_epochs": past,
+        "cuda_graphs": cuda_graphs,
         "repeats": repeats,
         "threads": torch.get_num_threads(),
         "rows": rows,
