@@ -328,6 +328,8 @@ class Check:
             row |= {"ms_per_iter": ms, "forwards": forwards[mode, on]}
             # what the graph path reports of the last run, whatever its fields' names
             graph = {k: v for k, v in vars(eng.stats).items() if "graph" in k or "capture" in k}
+            if eng.step_graphs is not None and eng.step_graphs.failed:  # why, for the report
+                graph["failed"] = sorted(set(eng.step_graphs.failed.values()))[:3]
             self.add_row(row | {"graph_stats": graph})
         engines.clear()
         self.free()

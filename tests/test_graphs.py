@@ -280,3 +280,21 @@ def test_random_requests_give_the_same_tokens_on_the_static_step(
             res = eng.generate(reqs)
         outs.append([(r.token_ids, r.finish_reason, r.spec.accepted_tokens) for r in res])
     assert outs[0] == outs[1], (name, max_batch, k)
+
+
+def test_a_capture_that_fails_leaves_its_step_eager(static_on_cpu, eager_shapes, monkeypatch):
+    """A step shape whose capture raises runs eagerly from then on, with a warning and
+    the reason kept; the tokens are unchanged."""
+    target, reqs = model(), requests(15)
+    want, _ = _run("eagle3", target, 7, 0, False, reqs)
+
+    def broken(self, step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs.Graphs, "_capture", broken)
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        eng = _engine("eagle3", target, 7, 0, True)
+        got = [_outputs(eng.generate(reqs)) for _ in range(2)]
+    assert got == want
+    assert eng.stats.graphs == 0 and eng.stats.graph_failures > 0
+    assert "not permitted" in next(iter(eng.step_graphs.failed.values()))

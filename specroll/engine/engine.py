@@ -232,6 +232,7 @@ class Engine(Stepper):
             self.stats.graphs = len(self.step_graphs)
             self.stats.capture_s = self.step_graphs.capture_s - captured
             self.stats.graph_bytes = self.step_graphs.pool_bytes
+            self.stats.graph_failures = len(self.step_graphs.failed)
         return Results(results, self.stats)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ bookkeeping

@@ -46,6 +46,7 @@ calls it again, which checks that the step reads every input from its buffers.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -145,6 +146,8 @@ class Graphs:
         """Seconds spent capturing."""
         self.pool_bytes = 0
         """Device memory the captures took (the shared pool's growth)."""
+        self.failed: dict[tuple, str] = {}
+        """Keys whose capture failed (they run eagerly), with the error."""
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -155,16 +158,29 @@ class Graphs:
         return self.inputs[key]
 
     def run(self, key: tuple, step: Callable[[], tuple]) -> tuple:
-        """step() for `key`: eagerly the first time, then captured and replayed."""
+        """step() for `key`: eagerly the first time, then captured and replayed. A key
+        whose capture fails stays eager (`failed` says why; the first failure warns):
+        capture records without running, so the step then runs as it would have."""
         replay = self._runs.get(key)
         if replay is not None:
             return replay()
-        if key not in self._seen or len(self._runs) >= MAX_GRAPHS:
+        if key not in self._seen or key in self.failed or len(self._runs) >= MAX_GRAPHS:
             self._seen.add(key)
             return step()
         t = time.perf_counter()
-        replay = self._capture(step)
-        self.capture_s += time.perf_counter() - t
+        try:
+            replay = self._capture(step)
+        except Exception as e:  # any capture failure leaves the key eager
+            self.failed[key] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+            if len(self.failed) == 1:
+                warnings.warn(
+                    f"CUDA graph capture failed; this step shape runs eagerly: {self.failed[key]}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return step()
+        finally:
+            self.capture_s += time.perf_counter() - t
         self._runs[key] = replay
         return replay()
 

@@ -28,6 +28,7 @@ _ADDITIVE = (
     "graphs",
     "capture_s",
     "graph_bytes",
+    "graph_failures",
 )
 """SpecStats scalars that add up across engines running side by side."""
 
@@ -73,6 +74,8 @@ class SpecStats:
     """Wall time spent capturing them."""
     graph_bytes: int = 0
     """Device memory their shared pool took."""
+    graph_failures: int = 0
+    """Step shapes whose capture failed (they run eagerly; `Engine.step_graphs.failed`)."""
 
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor, emitted: int) -> None:
         """num_draft: [B]; accepted: [B, K] cumulative acceptance mask; emitted: tokens out."""
