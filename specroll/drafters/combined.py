@@ -194,30 +194,43 @@ class CombinedDrafter(Drafter):
         caps = batch.caps if batch.caps is not None else batch.num_draft.tolist()
         depth = min(DRAFT_DEPTH, k, max(caps, default=0))
         self._report.room = depth > 0
-        drafted = None
-        if depth > 0 and network:
+        both, launched = None, 0.0
+        net = depth > 0 and network
+        if net:  # the network's candidates, queued on the device: read after history's
             now = time.perf_counter()
             self._feed_network(batch)
             toks, probs = self.draft.candidates(batch, depth, min(DRAFT_WIDTH, k))  # [B, d, w]
-            # one read of both (float64 holds every id and fp32 probability exactly): the
-            # merged tree is built on the host, so its form reads twice per iteration
-            both = torch.stack([toks.double(), probs.double()]).tolist()
-            drafted = ([[[int(t) for t in d] for d in row] for row in both[0]], both[1])
-            self._report.network = time.perf_counter() - now
-        c = {s: self.calibration(s) for s in SOURCES}
-        tokens = [[0] * k for _ in range(B)]
-        parents = [list(range(k)) for _ in range(B)]
-        lengths = [0] * B
+            both = torch.stack([toks.double(), probs.double()])  # [2, B, d, w]
+            launched = time.perf_counter() - now
+        # history's part on the host meanwhile (on a GPU it overlaps the network's forwards)
+        ests: list[dict[Node, dict[str, float]] | None] = [None] * B
         for b in range(B):
             self._proposed[b] = None
-            cap = min(caps[b], MAX_DEPTH if drafted is None else max(MAX_DEPTH, depth))
+            cap = min(caps[b], max(MAX_DEPTH, depth) if net else MAX_DEPTH)
             if cap <= 0:
                 continue
             est: dict[Node, dict[str, float]] = {}
             root, total = self.history.continuations(b)
             if total > 0:
                 add_trie(est, root, total, (), cap)
+            ests[b] = est
+        drafted = None
+        if both is not None:
+            # one read of both (float64 holds every id and fp32 probability exactly): the
+            # merged tree is built on the host, so its form reads twice per iteration
+            now = time.perf_counter()
+            host = both.tolist()
+            drafted = ([[[int(t) for t in d] for d in row] for row in host[0]], host[1])
+            self._report.network = launched + time.perf_counter() - now
+        c = {s: self.calibration(s) for s in SOURCES}
+        tokens = [[0] * k for _ in range(B)]
+        parents = [list(range(k)) for _ in range(B)]
+        lengths = [0] * B
+        for b, est in enumerate(ests):
+            if est is None:
+                continue
             if drafted is not None:
+                cap = min(caps[b], max(MAX_DEPTH, depth))
                 add_path(est, drafted[0][b], drafted[1][b], cap)
             chosen = best_first(est, c, k)
             n = len(chosen)
