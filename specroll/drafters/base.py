@@ -168,6 +168,8 @@ class Drafter:
     `after_static`, and bumps `epoch` whenever it makes its tensors anew. (A subclass
     that changes `propose` changes `propose_static` alike, or sets this False.)"""
     epoch = 0
+    """Bumped when a `static` drafter makes its tensors anew: graphs over the old ones
+    are stale (the engine keys its graphs by it)."""
 
     def start(self, num_slots: int, max_len: int) -> None:
         pass
@@ -200,8 +202,8 @@ class Drafter:
 
     def prepare_static(self, B: int, k: int, history: torch.Tensor, pos_host: list[int]) -> None:
         """`static` drafters, before a static step of depth k over rows 0..B-1 (at
-        positions pos_host): what the step's fixed shapes cannot hold, done eagerly."""
-        raise NotImplementedError
+        positions pos_host): what the step's fixed shapes cannot hold, done eagerly
+        (none: nothing)."""
 
     def propose_static(self, batch: DraftBatch, live: torch.Tensor, keys: int) -> Proposal:
         """`static` drafters: `propose` inside the static step, over its bucket's rows
@@ -210,8 +212,8 @@ class Drafter:
         raise NotImplementedError
 
     def after_static(self, B: int, k: int, pos_host: list[int]) -> None:
-        """`static` drafters, after the step: bring the host state up to it."""
-        raise NotImplementedError
+        """`static` drafters, after the step: bring the host state up to it (none: no
+        host state)."""
 
     def warm(self) -> None:
         """Build whatever the network caches from its weights (prepacked copies) now,
@@ -242,9 +244,6 @@ class FeatureDrafter(Drafter):
     def __init__(self, version: int = 0) -> None:
         self.version = version
         self.cache = None
-        self.epoch = 0
-        """Bumped when the drafter's tensors are made anew (graphs over the old ones are
-        stale: the engine keys its graphs by it)."""
 
     # hooks ---------------------------------------------------------------------------
     def new_cache(self, num_slots: int, max_len: int):
@@ -294,7 +293,7 @@ class FeatureDrafter(Drafter):
             self.cache = self.new_cache(num_slots, max_len)
         S, L = self.cache.num_slots, self.cache.max_len
         self.dpos_host, self.fed_host = [0] * S, [0] * S  # dpos and fed, on the host
-        if fits and self.dpos.shape[0] == S:  # the same tensors (graphs hold their addresses)
+        if fits:  # the same tensors (graphs hold their addresses)
             self.dpos.zero_()
             self.fed.zero_()
             return
@@ -350,14 +349,15 @@ class FeatureDrafter(Drafter):
         that are not a static step's padding (they feed none), with width and max_start
         fixed by the step (`propose_static`)."""
         rows = torch.arange(lo, hi, device=self.device)
-        start, pending = self.fed[lo:hi], self.dpos[lo:hi] - self.fed[lo:hi]
+        fed = start = self.fed[lo:hi]
+        pending = self.dpos[lo:hi] - fed
         if live is None:
             lag = zip(self.dpos_host[lo:hi], self.fed_host[lo:hi], strict=True)
             width = max(d - f for d, f in lag)
             max_start = max(self.fed_host[lo:hi])
         else:  # (`prepare_static` caught up every lag longer than width)
             pending = torch.where(live, pending, 0).clamp(max=width)
-            start = torch.where(live, start, 0)
+            start = torch.where(live, fed, 0)  # a padding row's forward: at position 0
         col = torch.arange(width, device=self.device)
         t = (start.unsqueeze(1) + col).clamp(max=history.shape[1] - 2)  # [n, W]
         tokens = history[lo:hi].gather(1, t + 1)  # pair t: (h_t, x_{t+1}), [n, W]
@@ -382,7 +382,7 @@ class FeatureDrafter(Drafter):
         self.next_logits[lo:hi] = torch.where(moved, logits[:, 0], self.next_logits[lo:hi])
         state = state.gather(1, last.view(-1, 1, 1).expand(-1, 1, state.shape[-1]))[:, 0]
         self.next_state[lo:hi] = torch.where(moved, state, self.next_state[lo:hi])
-        self.fed[lo:hi] = start + pending if live is not None else self.dpos[lo:hi]
+        self.fed[lo:hi] = fed + pending  # (dpos, but where padding fed none)
         if live is None:
             self.fed_host[lo:hi] = self.dpos_host[lo:hi]
 
@@ -454,15 +454,18 @@ class FeatureDrafter(Drafter):
             tokens.append(tok)
             probs.append(q)
             if i + 1 < k:  # pair (own state, draft i) at position pos + i
-                top = max_start
-                if top is None and batch.max_pos is not None:
-                    top = batch.max_pos + i
-                logits, state = self._step(i + 1, tok, state, batch, i, top)
+                logits, state = self._step(i + 1, tok, state, batch, i, max_start)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
 
-    def _step(self, depth: int, tok, state, batch: DraftBatch, i: int, top: int | None):
-        """One recursive draft forward: pair (own state, token) at position pos + i; top:
-        its key axis's max_start (None: read from the positions)."""
+    def _step(
+        self, depth: int, tok, state, batch: DraftBatch, i: int, max_start: int | None = None
+    ):
+        """One recursive draft forward: pair (own state, token) at position pos + i;
+        max_start: its key axis, fixed by a static step (None: the rows' deepest position
+        plus i, from the host mirror)."""
+        top = max_start
+        if top is None and batch.max_pos is not None:
+            top = batch.max_pos + i
         lg, st = self.run(depth, tok.unsqueeze(1), state.unsqueeze(1), batch.pos + i, max_start=top)
         return lg[:, 0], st[:, 0]
 
@@ -482,8 +485,7 @@ class FeatureDrafter(Drafter):
             tokens.append(t)
             probs.append(p)
             if i + 1 < depth:  # pair (own state, path token i) at position pos + i
-                top = None if batch.max_pos is None else batch.max_pos + i
-                logits, state = self._step(i + 1, t[:, 0], state, batch, i, top)
+                logits, state = self._step(i + 1, t[:, 0], state, batch, i)
         return torch.stack(tokens, 1), torch.stack(probs, 1)
 
     def move(self, src: int, dst: int) -> None:

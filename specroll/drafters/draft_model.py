@@ -40,18 +40,15 @@ class DraftModelDrafter(Drafter):
         self.dpos = torch.zeros(0, dtype=torch.long, device=self.device)  # [S] cached tokens
         self.dpos_host: list[int] = []  # the same, on the host (no read sizes a catch-up)
         self._proposed: tuple[list[int], int] | None = None  # (pos on the host, k)
-        self.epoch = 0
-        """Bumped when the drafter's tensors are made anew (graphs over the old ones are
-        stale: the engine keys its graphs by it)."""
 
     def start(self, num_slots: int, max_len: int) -> None:
         c = self.cache
         p = next(self.model.parameters())
         self.device = p.device  # the model may have been moved since construction
         fits = c is not None and c.num_slots >= num_slots and c.max_len >= max_len
-        self.dpos_host = [0] * num_slots if c is None else [0] * c.num_slots
         if fits and c.k.device == p.device and c.k.dtype == p.dtype:
             self.dpos.zero_()  # the same tensors (graphs hold their addresses)
+            self.dpos_host = [0] * c.num_slots
             return
         self.epoch += 1
         self.cache = None

@@ -28,16 +28,10 @@ class NgramDrafter(Drafter):
         L = int(batch.pos.max()) + 1 if batch.max_pos is None else batch.max_pos + 1
         return self._match(batch, L)
 
-    def prepare_static(self, B: int, k: int, history: torch.Tensor, pos_host: list[int]) -> None:
-        pass
-
     def propose_static(self, batch: DraftBatch, live: torch.Tensor, keys: int) -> Proposal:
         """`propose` over a static step's rows, the history searched `keys` wide (past a
         row's length nothing matches; a padding row, at position 0, matches nothing)."""
         return self._match(batch, keys)
-
-    def after_static(self, B: int, k: int, pos_host: list[int]) -> None:
-        pass
 
     def _match(self, batch: DraftBatch, L: int) -> Proposal:
         """The continuation of each row's longest recent n-gram match within the first L

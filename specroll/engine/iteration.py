@@ -111,10 +111,13 @@ class Stepper:
             room if self.drafter is not None and self.drafter.tree else max(st.left_host[:B]) - 1
         )
         k = max(0, min(k, room, deepest))
-        num_draft = st.num_draft(B, k)  # [B]
+        hints = Hints.of(st.params_host[:B])  # the processors the rows need
+        sampling = st.sampling(slice(0, B), None, hints)
         prop, form = None, None
         # a drafter that proposes on the device alone does so inside the static step
         in_graph = k > 0 and self.step_graphs is not None and self.drafter.static
+        # (a static step computes its rows' num_draft itself)
+        num_draft = None if in_graph else st.num_draft(B, k)  # [B]
         if in_graph:
             t = time.perf_counter()
             self.drafter.prepare_static(B, k, st.history, pos_host)  # (long lags: eagerly)
@@ -129,7 +132,7 @@ class Stepper:
                     last=st.last[:B],
                     pos=st.pos[:B],
                     history=st.history,
-                    sampling=st.sampling(slice(0, B), range(B)),
+                    sampling=sampling,
                     seed=st.seed[:B],
                     n_gen=st.n_gen[:B],
                     pos_host=pos_host,
@@ -144,7 +147,8 @@ class Stepper:
                 num_draft = torch.minimum(num_draft, prop.lengths)
         pos_before = st.pos[:B].clone()
         t = time.perf_counter()
-        packed, hidden, n, K1 = self._verify(st, B, k, prop, num_draft, top, ctx, in_graph)
+        args = (prop, num_draft, top, ctx, sampling, in_graph)
+        packed, hidden, n, K1 = self._verify(st, B, k, *args)
         self.stats.target_s += time.perf_counter() - t
         tree = prop is not None and prop.parents is not None
         read = self._read(st, range(B), packed.tolist(), n, K1, tree=tree)
@@ -164,16 +168,18 @@ class Stepper:
         B: int,
         k: int,
         prop: Proposal | None,
-        num_draft: torch.Tensor,
+        num_draft: torch.Tensor | None,
         top: int,
         ctx: int,
+        sampling: RowSampling,
         in_graph: bool = False,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int, int]:
         """The device part of an iteration of rows 0..B-1 after its proposal: the target
         forward, verification (a chain, k = 0 plain, or a tree) and recording. Returns
         (the packed read of `_record`, the drafter's hidden states of rows 0..B-1, the
-        rows packed, the candidates per row K + 1). `in_graph`: the proposal is made
-        in the static step too (the drafter's `propose_static`; prop is None).
+        rows packed, the candidates per row K + 1). num_draft [B]: what each row may
+        verify (None with `in_graph`: the proposal is made in the static step too, by
+        the drafter's `propose_static`, and prop is None); sampling: the rows' settings.
 
         With graphs (`engine.graphs`) the same step runs over the static buffers of the
         batch's bucket: rows past B are padding, the key axis is the key bucket's, and a
@@ -184,12 +190,11 @@ class Stepper:
         lengths = None if prop is None else prop.lengths  # [B]
         parents = None if prop is None else prop.parents  # [B, k]
         if self.step_graphs is None:
-            sampling = st.sampling(slice(0, B), range(B))
             args = (drafts, probs, parents, lengths, num_draft, top, ctx, sampling)
             packed, hidden, K1 = self._device_step(st, B, *args)
             return packed, hidden, B, K1
         Bb = graphs.bucket(B, st.pos.shape[0])
-        hints = Hints.of(st.params_host[:B])  # the processors the live rows need
+        hints = sampling.hints  # the processors the live rows need
         keys = graphs.key_bucket(top + k + 1, self.cache.max_len)  # the key axis
         tree = parents is not None  # (a tree always takes lengths: it may be narrower than k)
         shape = (probs is not None, lengths is not None or tree, tree)
@@ -204,18 +209,18 @@ class Stepper:
             nd = torch.where(live, st.num_draft(Bb, k), 0)
             if buf.lengths is not None and buf.parents is None:
                 nd = torch.minimum(nd, buf.lengths)
-            sampling = st.sampling(slice(0, Bb), None, hints).only(live)
+            padded = st.sampling(slice(0, Bb), None, hints).only(live)  # [Bb] rows
             drafts, probs = buf.drafts, buf.probs
             if in_graph:
                 pos = torch.where(live, st.pos[:Bb], 0)
                 last, seed, n_gen = st.last[:Bb], st.seed[:Bb], st.n_gen[:Bb]
-                batch = DraftBatch(k, nd, last, pos, st.history, sampling, seed, n_gen)
+                batch = DraftBatch(k, nd, last, pos, st.history, padded, seed, n_gen)
                 prop = self.drafter.propose_static(batch, live, keys)
                 drafts, probs = prop.tokens, prop.probs
                 if prop.lengths is not None:  # (a chain's usable drafts: n-gram matches)
                     nd = torch.minimum(nd, prop.lengths)
             start = keys - (k + 1)  # the `max_start` that gives that key axis
-            args = (drafts, probs, buf.parents, buf.lengths, nd, start, ctx, sampling)
+            args = (drafts, probs, buf.parents, buf.lengths, nd, start, ctx, padded)
             return self._device_step(st, Bb, *args, live=live)
 
         packed, hidden, K1 = self.step_graphs.run(key, step)
