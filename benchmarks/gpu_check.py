@@ -54,7 +54,13 @@ from typing import Any
 
 import torch
 
-from specroll.device import resolve_device, resolve_dtype, synchronize
+from specroll.device import (
+    check_device_name,
+    check_dtype_name,
+    resolve_device,
+    resolve_dtype,
+    synchronize,
+)
 from specroll.drafters.eagle3 import Eagle3Drafter
 from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams, graphs
@@ -547,6 +553,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--out", default="", help="also write the final JSON here")
     args = ap.parse_args(argv)
+    for flag, check in (("--device", check_device_name), ("--dtype", check_dtype_name)):
+        value = getattr(args, flag[2:])
+        try:
+            if value is not None:
+                check(flag, value)
+        except ValueError as e:
+            ap.error(str(e))
     for k, v in DEFAULTS["cuda" if args.device.startswith("cuda") else "cpu"].items():
         if getattr(args, k) is None:
             setattr(args, k, v)

@@ -142,8 +142,11 @@ def main() -> None:
     args = ap.parse_args()
     cfg, source = load(args.acceptance)
     if args.gpu_check:
-        report = json.loads(Path(args.gpu_check).read_text().strip().splitlines()[-1])
-        costs = gpu_costs(report, args.gpu_shape, graphs=not args.gpu_eager)
+        try:  # the report is gpu_check.py's last line (its --out file, or its stdout)
+            report = json.loads(Path(args.gpu_check).read_text().strip().splitlines()[-1])
+            costs = gpu_costs(report, args.gpu_shape, graphs=not args.gpu_eager)
+        except (OSError, IndexError, ValueError, AttributeError) as e:
+            raise SystemExit(f"--gpu-check {args.gpu_check}: {e}") from None
         cfg = cfg | {k: costs[k] for k in ("tree_overhead", "tree_fixed_ms")}
         source += f"; tree costs: {args.gpu_check} ({args.gpu_shape}, {report.get('device_name')})"
     overhead, draft_ms = float(cfg.get("tree_overhead", 1.0)), cfg.get("draft_ms", {})
