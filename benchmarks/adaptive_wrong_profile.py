@@ -141,7 +141,7 @@ def parse_args() -> argparse.Namespace:
 def profiles(args, model, drafter, prompts: list[list[int]]) -> tuple[CostModel, CostModel]:
     """The machine's profile (cached, or measured now) and the deliberately wrong one
     (saved to `--save-wrong` when given)."""
-    cm = cached_profile(model, drafter, prompts, args.profile, log)
+    cm = cached_profile(model, drafter, prompts, args.profile, log, measure=True)
     # as in training: a cached profile that disagrees with the measured times is marked
     # stale (measured again by the next run); the wrong one never touches the cache
     bad = wrong_profile(cm, args.wrong)

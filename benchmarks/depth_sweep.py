@@ -83,7 +83,7 @@ def load(profile: str) -> tuple:
     EAGLE-3 draft, and the profile at `profile` (default: cached, or measured now)."""
     d = resolve("smollm2")
     policy, tok = load_model(d).eval(), Tokenizer(d)
-    cfg = build_config("default", [])
+    cfg = build_config("default", ["draft.init=offline"])
     head = build_draft(cfg, policy, tok, d).eval()
     drafter = Eagle3Drafter(head)
     cm = cached_profile(
@@ -91,6 +91,7 @@ def load(profile: str) -> tuple:
         drafter,
         [encode(tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)],
         profile,
+        measure=True,
     )
     return policy, tok, drafter, cm
 

@@ -21,7 +21,7 @@ class _Sampled(Exception):
 
 
 def _sampled(setup, monkeypatch, *overrides: str) -> _Sampled:
-    """What `build_draft` (draft.init=default) would sample, and where it would cache it."""
+    """What `build_draft` (draft.init=offline) would sample, and where it would cache it."""
     from specroll.drafting import default
     from specroll.model.hub import resolve
     from specroll.rl.config import build_config
@@ -32,7 +32,7 @@ def _sampled(setup, monkeypatch, *overrides: str) -> _Sampled:
 
     monkeypatch.setattr(default, "collect", collect)
     policy, tok = setup
-    cfg = build_config("tiny", ["draft.init=default", *overrides])
+    cfg = build_config("tiny", ["draft.init=offline", *overrides])
     with pytest.raises(_Sampled) as e:
         build_draft(cfg, policy, tok, resolve("tiny"))
     return e.value

@@ -50,6 +50,36 @@ def _key(policy_dir: Path, recipe: DefaultDraftRecipe) -> str:
     return h.hexdigest()[:12]
 
 
+def _place(
+    policy_dir: str | Path,
+    recipe: DefaultDraftRecipe | None,
+    kind: str,
+    prompts: list[list[int]] | None,
+) -> tuple[DefaultDraftRecipe, Path]:
+    """The recipe for `kind` on `prompts`, and the cache directory its draft lives in."""
+    recipe = recipe or DefaultDraftRecipe()
+    recipe = replace(recipe, train=replace(recipe.train, kind=kind))
+    if prompts is not None:
+        if not prompts:
+            raise ValueError("default_draft: prompts is empty (None = the recipe's prompt set)")
+        # the prompts' digest names the set, in the key and in the data's meta.json
+        digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:12]
+        recipe = replace(recipe, data=replace(recipe.data, prompts=f"task-{digest}"))
+    policy_dir = Path(policy_dir)
+    return recipe, home() / "drafts" / f"{policy_dir.name}-{kind}-{_key(policy_dir, recipe)}"
+
+
+def cached_draft(
+    policy_dir: str | Path, kind: str = "eagle3", prompts: list[list[int]] | None = None
+) -> Path | None:
+    """The directory of `default_draft`'s draft if it is already built, else None (nothing
+    is built: `draft.init: auto` takes it when present and starts at once when not)."""
+    if not (Path(policy_dir) / "config.json").is_file():  # not a model directory: none built
+        return None
+    final = _place(policy_dir, None, kind, prompts)[1] / "draft"
+    return final if (final / "config.json").is_file() else None
+
+
 def default_draft(
     policy: Transformer,
     tok,
@@ -66,16 +96,7 @@ def default_draft(
     progress(stage, done, total, info) is called with stage 'data' (rollouts) and
     'train' (optimizer steps; info: the loss and per-position acceptance).
     """
-    recipe = recipe or DefaultDraftRecipe()
-    recipe = replace(recipe, train=replace(recipe.train, kind=kind))
-    if prompts is not None:
-        if not prompts:
-            raise ValueError("default_draft: prompts is empty (None = the recipe's prompt set)")
-        # the prompts' digest names the set, in the key and in the data's meta.json
-        digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:12]
-        recipe = replace(recipe, data=replace(recipe.data, prompts=f"task-{digest}"))
-    policy_dir = Path(policy_dir)
-    root = home() / "drafts" / f"{policy_dir.name}-{kind}-{_key(policy_dir, recipe)}"
+    recipe, root = _place(policy_dir, recipe, kind, prompts)
     final = root / "draft"
     if (final / "config.json").is_file():
         return final

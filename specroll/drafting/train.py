@@ -111,10 +111,11 @@ def new_eagle3(
     return head
 
 
-def new_mtp(policy: Transformer, seed: int) -> MTPDraft:
-    """One fresh MTP head on `policy`, its decoder layer started as the policy's last."""
+def new_mtp(policy: Transformer, seed: int, from_last_layer: bool = True) -> MTPDraft:
+    """One fresh MTP head on `policy`, its decoder layer started as the policy's last
+    (`from_last_layer`) or at random."""
     net = MTPDraft(MTPConfig.for_target(policy.cfg, 1), policy)
-    return net.init_weights(seed, from_last_layer=True)
+    return net.init_weights(seed, from_last_layer=from_last_layer)
 
 
 def head_weight(policy: Transformer, vocab: torch.Tensor | None) -> torch.Tensor:

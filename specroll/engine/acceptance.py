@@ -77,6 +77,29 @@ class AcceptanceEstimate:
         self._waste: dict[int, list[float]] = {}  # octave -> decayed (tokens lost, rows)
         self._prior = [prior / (i + 1) if tree else prior for i in range(k_max)]
 
+    def state_dict(self) -> dict:
+        """The counts as plain lists (a checkpoint: a resumed run estimates as the
+        interrupted one would have)."""
+        return {
+            "counts": [[b, list(r), list(a)] for b, (r, a) in self._counts.items()],
+            "pool": [list(x) for x in self._pool],
+            "relaxing": self._relaxing,
+            "waste": [[b, *w] for b, w in self._waste.items()],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict` (of an estimate with the same k_max and shape)."""
+        k = self.k_max
+        counts = {
+            int(b): ([float(x) for x in r], [float(x) for x in a]) for b, r, a in state["counts"]
+        }
+        if any(len(r) != k or len(a) != k for r, a in counts.values()):
+            raise ValueError(f"acceptance state: not {k} positions per octave")
+        self._counts = counts
+        self._pool = tuple([float(x) for x in v] for v in state["pool"])  # type: ignore[assignment]
+        self._relaxing = int(state["relaxing"])
+        self._waste = {int(b): [float(x), float(n)] for b, x, n in state["waste"]}
+
     def totals(self) -> tuple[list[float], list[float]]:
         """Decayed (reached, accepted) per position, summed over the octaves (kept in step
         with them rather than summed per call: this runs every iteration)."""

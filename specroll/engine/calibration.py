@@ -63,6 +63,26 @@ class TimeCalibration:
         self.disagreement: dict | None = None
         """Set when the profile failed its check: the median ratios that failed it."""
 
+    def state_dict(self) -> dict:
+        """The measured ratios as plain lists (a checkpoint)."""
+        return {
+            "ratios": [[b, k, list(r)] for (b, k), r in self._ratios.items()],
+            "first": [list(x) for x in self._first],
+            "checked": self._checked,
+            "disagreement": self.disagreement,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict`."""
+        self._ratios, self._logr = {}, {}
+        for b, k, rs in state["ratios"]:
+            key = (int(b), int(k))
+            self._ratios[key] = deque((float(r) for r in rs), maxlen=WINDOW)
+            self._logr[key] = math.log(_median(self._ratios[key]))
+        self._first = [(int(k), float(r)) for k, r in state["first"]]
+        self._checked = bool(state["checked"])
+        self.disagreement = state["disagreement"]
+
     def predict(self, B: int, k: int, ctx: float) -> float:
         """The profile's iteration time (a tree's k nodes cost more than k drafts)."""
         if self.tree:
@@ -104,6 +124,8 @@ class TimeCalibration:
         if not bad:
             return
         self.disagreement = medians
+        if hasattr(self.cost, "meta") and self.cost.meta.get("quick"):
+            return  # a coarse prior is expected to be off: correcting it is the plan
         where = self.cost.meta.get("cache_path", "") if hasattr(self.cost, "meta") else ""
         mark = getattr(self.cost, "mark_stale", None)
         reason = (

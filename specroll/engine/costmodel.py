@@ -128,6 +128,10 @@ class CostModel:
         return cls(**raw)
 
 
+COST_FIELDS = tuple(f for f in CostModel.__dataclass_fields__ if f != "meta")
+"""The fitted coefficients (every field but `meta`)."""
+
+
 def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative-ish least squares: plain lstsq, negative coefficients clamped to 0 and
     the rest refitted (a time model with negative terms extrapolates badly)."""

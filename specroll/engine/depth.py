@@ -33,6 +33,7 @@ import torch
 
 from specroll.engine.acceptance import PRIOR, AcceptanceEstimate, octave
 from specroll.engine.calibration import TimeCalibration
+from specroll.engine.costmodel import COST_FIELDS
 from specroll.engine.forms import FormChoice
 
 REFRESH = 64
@@ -166,6 +167,32 @@ class AdaptiveDepth:
         if self.tree:
             grid = {0, self.k_max, *(1 << i for i in range(self.k_max.bit_length()))}
             self.sizes = sorted(s for s in grid if s <= self.k_max)
+
+    def state_dict(self) -> dict:
+        """What it learnt during a run — the cost model it started from (a quick profile
+        is measured anew by each process), the acceptance counts, the time calibration
+        and the exploration's clocks — as plain lists and numbers, for a checkpoint: a
+        resumed run chooses depths as the interrupted one would have."""
+        cost = {f: getattr(self.cost, f) for f in COST_FIELDS if hasattr(self.cost, f)}
+        return {
+            "cost": cost,
+            "acceptance": self.acceptance.state_dict(),
+            "calibration": self.calibrated.state_dict(),
+            "seen": [[b, k, it] for (b, k), it in self._seen.items()],
+            "iters": [[b, it] for b, it in self._iters.items()],
+            "quiet": [[b, it] for b, it in self._quiet.items()],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict`."""
+        for f, v in state["cost"].items():
+            if f in COST_FIELDS:
+                setattr(self.cost, f, float(v))
+        self.acceptance.load_state_dict(state["acceptance"])
+        self.calibrated.load_state_dict(state["calibration"])
+        self._seen = {(int(b), int(k)): int(it) for b, k, it in state["seen"]}
+        self._iters = {int(b): int(it) for b, it in state["iters"]}
+        self._quiet = {int(b): int(it) for b, it in state["quiet"]}
 
     # ------------------------------------------------------------------ acceptance
 

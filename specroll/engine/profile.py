@@ -190,15 +190,47 @@ def profile(
     return cm
 
 
+QUICK = dict(
+    batches=(1, 8, 64),
+    qs=(1, 4),
+    ctxs=(64, 256),
+    engine_batches=(1, 16),
+    engine_ks=(0, 1, 3),
+    tree_nodes=(4,),
+    new_tokens=8,
+    repeats=2,
+)
+"""The grid of `quick_profile`: a dozen forwards and a few short engine runs."""
+
+
+def quick_profile(
+    model: Transformer,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    log: Callable[[str], None] = print,
+) -> CostModel:
+    """A coarse profile measured in seconds, the prior of adaptive depth when no full
+    profile is cached: its errors are what the online calibration (`engine.calibration`)
+    corrects from the engine's own iterations, so a run starts at once instead of
+    spending minutes measuring first. Never cached, never marked stale."""
+    t0 = time.perf_counter()
+    cm = profile(model, drafter, prompts, log=lambda _: None, **QUICK)
+    cm.meta["quick"] = True
+    log(f"a quick hardware profile for adaptive depth in {time.perf_counter() - t0:.1f} s")
+    return cm
+
+
 def cached_profile(
     model: Transformer,
     drafter: Drafter,
     prompts: list[list[int]],
     path: str | Path = "",
     log: Callable[[str], None] = print,
+    measure: bool = False,
 ) -> CostModel:
     """The hardware profile of `model` + `drafter` on this machine: the one at `path`, or
-    the cached one under $SPECROLL_HOME/profiles (measured now, once, if missing).
+    the cached one under $SPECROLL_HOME/profiles; if missing, a `quick_profile` (seconds,
+    not cached) or, with `measure`, the full profile measured now (minutes) and cached.
 
     The cache key is the model shape, the drafter, the thread count and (when not the
     fp32 CPU default) the device and dtype: a profile taken with other threads, another
@@ -208,8 +240,9 @@ def cached_profile(
     stale: `AdaptiveDepth` compares it with the iteration times the engine measures and,
     when they disagree by more than its `stale_band` (the machine was busy while it was
     measured, or has changed since), marks the file (`CostModel.mark_stale`). Re-measuring
-    takes minutes, so it happens here, at the start of the next run, never in the middle
-    of a rollout; the run that found the disagreement corrects the profile online."""
+    takes minutes, so it happens here (with `measure`), at the start of the next run,
+    never in the middle of a rollout; the run that found the disagreement corrects the
+    profile online. A stale profile without `measure` gives way to a quick one."""
     if path:
         return CostModel.load(path)
     from specroll.model.hub import home
@@ -226,17 +259,16 @@ def cached_profile(
     if cached.is_file():
         cm = CostModel.load(cached)
         if cm.meta.get("format") != FORMAT:
-            log(f"{cached} was measured for an older cost model; measuring again")
+            log(f"{cached} was measured for an older cost model: not used")
         elif drafter.tree and cm.meta.get("tree_points") is None:
-            log(f"{cached} has no tree verification terms; measuring again")
+            log(f"{cached} has no tree verification terms: not used")
         elif cm.meta.get("stale"):
-            log(
-                f"{cached} disagreed with measured iteration times ({cm.meta['stale']}); "
-                "measuring again"
-            )
+            log(f"{cached} disagreed with measured iteration times ({cm.meta['stale']}): not used")
         else:
             cm.meta["cache_path"] = str(cached)
             return cm
+    if not measure:
+        return quick_profile(model, drafter, prompts, log)
     log(f"measuring a hardware profile for adaptive depth (once; saved to {cached})")
     cm = profile(model, drafter, prompts, log=log)
     cached.parent.mkdir(parents=True, exist_ok=True)

@@ -6,14 +6,19 @@ from dataclasses import dataclass
 
 from specroll.rl.config.io import bound, check
 
+INITS = ("auto", "offline", "policy", "random")
+"""The named starts of `draft.init` (anything else is a draft directory)."""
+
 
 @dataclass
 class DraftConfig:
     """The draft network (`rollout.drafter` names its kind) and its online training."""
 
-    init: str = "default"
-    """'default' (in-domain draft built once and cached), 'random', or a draft directory
-    (of the kind rollout.drafter names)."""
+    init: str = "auto"
+    """'auto' (the cached in-domain draft of this policy if one was built, else a start
+    that needs no sampling, trained online from step 1), 'offline' (that in-domain draft,
+    built now if missing: minutes), 'policy' (from the policy's own weights), 'random',
+    or a draft directory (of the kind rollout.drafter names)."""
     online: bool = True
     """Train the draft every step on the policy forward's detached features."""
     weight: float = 1.0
@@ -27,9 +32,12 @@ class DraftConfig:
     step_decay: float = 0.8
     """Weight of unroll step j in the online draft loss is step_decay**j."""
     draft_vocab_size: int = 8192
-    """Draft vocabulary when init='random'."""
+    """EAGLE-3 draft vocabulary of a draft started without sampling ('policy', 'random')."""
 
     def __post_init__(self) -> None:
+        if self.init == "default":  # its name before 'auto' and 'offline' (issue 47)
+            self.init = "offline"
+        check(bool(self.init), f"draft.init must be one of {INITS} or a draft directory, got ''")
         bound("draft", self, "weight", 0)
         bound("draft", self, "lr", 0, above=True)
         bound("draft", self, "ttt_steps", 1)

