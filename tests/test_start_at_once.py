@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import types
 
 import pytest
@@ -168,3 +169,34 @@ def test_a_resumed_run_continues_the_online_draft_and_calibration_exactly(
     monkeypatch.setattr(AdaptiveDepth, "load_state_dict", lambda self, state: None)
     control = _interrupted_and_resumed(tiny_setup, tmp_path / "c" / "run", overrides)
     assert [_comparable(m) for m in control[2:]] != [_comparable(m) for m in full[2:]]
+
+
+def test_profile_measure_measures_the_full_profile_once_and_caches_it(
+    home, tiny_setup, monkeypatch
+):
+    """`rollout.profile: measure` is the way back to the full profile before the first
+    step: measured on the full grid, cached, and taken from the cache by the next run
+    (as is a full profile `specroll bench profile` or an earlier run left)."""
+    from specroll.engine import profile as P
+    from specroll.engine.costmodel import CostModel
+    from specroll.model.hub import resolve
+    from specroll.rl.config import build_config
+    from specroll.rl.rollout.local import build_engine
+    from specroll.rl.run.draft import build_draft
+
+    grids = []
+
+    def fake(model, drafter, prompts, **kw):  # a measurement in no time
+        grids.append({k: v for k, v in kw.items() if k != "log"})
+        return CostModel(fixed=1e-3, per_token=1e-4, meta={"format": P.FORMAT})
+
+    monkeypatch.setattr(P, "profile", fake)
+    policy, tok = tiny_setup
+    cfg = build_config("tiny", ["rollout.depth=adaptive", "rollout.profile=measure"])
+    draft = build_draft(cfg, policy, tok, resolve("tiny"))
+    build_engine(cfg.rollout, policy, draft, [[1, 2, 3, 4]], log=lambda m: None)
+    assert grids == [{}]  # the full grid (`profile`'s defaults), then cached
+    quick = build_config("tiny", ["rollout.depth=adaptive"])
+    engine = build_engine(quick.rollout, policy, draft, [[1, 2, 3, 4]], log=lambda m: None)
+    assert grids == [{}]  # the cached one: nothing measured again
+    assert engine.depth.cost.meta["cache_path"].startswith(os.environ["SPECROLL_HOME"])

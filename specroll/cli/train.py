@@ -81,7 +81,7 @@ def _draft(cfg, policy, tok, path):
             desc = f"{label} ({info})" if info else label
             bar.update(tasks[stage], completed=done, total=total, description=desc)
 
-        return build_draft(cfg, policy, tok, path, progress=on_draft)
+        return build_draft(cfg, policy, tok, path, progress=on_draft, log=common.log)
 
 
 COLUMNS = (

@@ -22,6 +22,8 @@ TASK_PROMPTS_SEED = 0
 BOOTSTRAP = "policy"
 """What `draft.init: auto` starts from when no in-domain draft of this policy is cached
 (measured: README, issue 47)."""
+STARTED = {"policy": "the policy's weights", "random": "random weights"}
+"""How the log names each start."""
 MATH_PROMPTS = 64
 """Procedural math prompts an EAGLE-3 draft started without sampling reads its vocabulary
 from (`drafting.fresh.prompt_vocab`)."""
@@ -46,10 +48,11 @@ def task_prompts(cfg: TrainConfig, tok) -> list[list[int]] | None:
 
 
 def build_draft(
-    cfg: TrainConfig, policy: Transformer, tok, policy_dir: Path, progress=None
+    cfg: TrainConfig, policy: Transformer, tok, policy_dir: Path, progress=None, log=None
 ) -> TrainableDraft | None:
     """The draft the run starts from (None when speculation and online training are off,
-    or when the drafter has no network, history: none to build, train or ship)."""
+    or when the drafter has no network, history: none to build, train or ship); `log`
+    (a str callback) hears which start `draft.init: auto` took."""
     kind = cfg.rollout.network
     if kind is None or (not cfg.rollout.speculative and not cfg.draft.online):
         return None
@@ -58,6 +61,13 @@ def build_draft(
     if init == "auto":
         path = cached_draft(policy_dir, kind, prompts)
         init = str(path) if path is not None else BOOTSTRAP
+        if log is not None:
+            log(
+                f"draft: the in-domain {kind} draft cached at {path}"
+                if path is not None
+                else f"draft: a fresh {kind} draft started from {STARTED[BOOTSTRAP]}, trained "
+                "online (no in-domain draft cached; `--set draft.init=offline` builds one)"
+            )
     if init in STARTS:
         own = prompts or math_prompts(cfg, tok)
         return fresh_draft(init, kind, policy, own, cfg.pipeline.seed, cfg.draft.draft_vocab_size)

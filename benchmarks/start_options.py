@@ -1,0 +1,157 @@
+"""How a run's draft starts, compared on finished runs (issue 47): offline in-domain draft,
+online bootstrap from the policy's weights or at random, history only.
+
+Reads the `metrics.jsonl` of runs of the same preset and seeds that differ in their start
+(`NAME=RUN_DIR[@BUILD_S]`, BUILD_S: seconds spent before the run on building its draft,
+e.g. the offline draft's 23 minutes; a run's own start-up is in its first step's time).
+Per step and option:
+* the draft's expected acceptance per position (`draft_accept`, the learner's sum of
+  min(p, q) on the step's rollouts, with the draft as it drafted them) and the chain
+  acceptance length it implies at k = 3, tau = 1 + a1 + a1 a2 + a1 a2 a3: a figure of the
+  draft itself, whether or not the depth policy chose to draft (on a CPU it mostly does
+  not);
+* the measured acceptance length where it drafted, `gen_rate_speedup` on shadow steps;
+* reward, validation accuracy, and wall clock (build + the steps' `step_s`).
+Then: the step at which each bootstrapped draft first reaches the offline draft's
+acceptance (its median over the steps), or the gap at the last step; wall clock to the
+best validation accuracy every option reaches; reward differences: per step, paired by
+step, sign-flip test (samples within a run are clustered: an indication; the run-level
+test needs several seeds per option); a plot (`--plot FILE`).
+
+Prints one JSON line.  Run:
+  python benchmarks/start_options.py offline=runs/o@1380 policy=runs/p random=runs/r \
+      history=runs/h --plot start_options.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rl_exactness import signflip_p  # noqa: E402
+
+K = 3
+"""Chain depth at which the draft's acceptance length is reported."""
+
+
+def tau(accept: list[float], k: int = K) -> float:
+    """Chain acceptance length at depth k from per-position acceptance rates."""
+    out, run = 1.0, 1.0
+    for a in accept[:k]:
+        run *= a
+        out += run
+    return out
+
+
+def read_run(spec: str) -> tuple[str, dict]:
+    """NAME=DIR[@BUILD_S] → (name, per-run figures)."""
+    if "=" not in spec:
+        sys.exit(f"start_options.py: expected NAME=RUN_DIR[@BUILD_S], got {spec!r}")
+    name, rest = spec.split("=", 1)
+    path, _, build = rest.partition("@")
+    f = Path(path) / "metrics.jsonl"
+    if not f.is_file():
+        sys.exit(f"start_options.py: {f} does not exist")
+    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    steps = [m for m in rows if "reward" in m]
+    val = {m["step"]: m["val_accuracy"] for m in rows if m.get("val_accuracy") is not None}
+    clock, t = [], float(build or 0)
+    for m in steps:
+        t += m.get("step_s", 0.0)
+        clock.append(round(t, 1))
+    return name, {
+        "build_s": float(build or 0),
+        "steps": [m["step"] for m in steps],
+        "reward": [m["reward"] for m in steps],
+        "draft_accept": [m.get("draft_accept") for m in steps],
+        "draft_tau": [
+            round(tau(a), 4) if a else None for a in (m.get("draft_accept") for m in steps)
+        ],
+        "acceptance_length": [m.get("acceptance_length") for m in steps],
+        "gen_rate_speedup": {
+            m["step"]: m["gen_rate_speedup"] for m in steps if "gen_rate_speedup" in m
+        },
+        "val_accuracy": val,
+        "clock_s": clock,
+        "seed": json.loads((Path(path) / "config.json").read_text())["pipeline"]["seed"]
+        if (Path(path) / "config.json").is_file()
+        else None,
+    }
+
+
+def _paired(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
+    n = min(len(a), len(b))
+    return a[:n], b[:n]
+
+
+def reach(run: dict, target: float) -> int | None:
+    """First step whose draft acceptance length reaches `target`."""
+    for s, t in zip(run["steps"], run["draft_tau"], strict=True):
+        if t is not None and t >= target:
+            return s
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", help="NAME=RUN_DIR[@BUILD_S]")
+    ap.add_argument("--reference", default="offline", help="the option others are measured against")
+    ap.add_argument("--plot", help="write the per-step plot here (PNG)")
+    args = ap.parse_args()
+    runs = dict(read_run(s) for s in args.runs)
+    ref = runs.get(args.reference)
+    out: dict = {"k": K, "runs": runs}
+    if ref is not None and any(t is not None for t in ref["draft_tau"]):
+        target = statistics.median(t for t in ref["draft_tau"] if t is not None)
+        out["reference_tau"] = round(target, 4)
+        out["reaches_reference_at_step"] = {
+            n: reach(r, target) for n, r in runs.items() if n != args.reference
+        }
+        out["gap_at_last_step"] = {
+            n: round(target - r["draft_tau"][-1], 4)
+            for n, r in runs.items()
+            if n != args.reference and r["draft_tau"][-1] is not None
+        }
+    # wall clock to the best validation accuracy every option reaches
+    common = min(max(r["val_accuracy"].values(), default=0.0) for r in runs.values())
+    to_acc = {}
+    for n, r in runs.items():
+        step = next((s for s, a in sorted(r["val_accuracy"].items()) if a >= common), None)
+        to_acc[n] = None if step is None else r["clock_s"][r["steps"].index(step)]
+    out["val_target"], out["wall_s_to_val_target"] = common, to_acc
+    names = list(runs)
+    out["reward_signflip_p"] = {
+        f"{a}~{b}": round(signflip_p(*_paired(runs[a]["reward"], runs[b]["reward"])), 4)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    }
+    means = {n: statistics.mean(r["reward"]) for n, r in runs.items()}
+    out["mean_reward"] = {n: round(v, 4) for n, v in means.items()}
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+        for n, r in runs.items():
+            pts = [(s, t) for s, t in zip(r["steps"], r["draft_tau"], strict=True) if t is not None]
+            if pts:
+                ax1.plot(*zip(*pts, strict=True), label=n)
+            ax2.plot(r["steps"], r["reward"], label=n, alpha=0.8)
+        ax1.set_ylabel(f"draft acceptance length (chain, k = {K})")
+        ax1.legend()
+        ax2.set_ylabel("reward")
+        ax2.set_xlabel("step")
+        ax2.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=100)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
