@@ -55,7 +55,7 @@ from specroll.drafting import registry
 from specroll.engine.costmodel import CostModel
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
-from specroll.engine.profile import PROFILE_PROMPTS_SEED, cached_profile
+from specroll.engine.profile import MEASURE, PROFILE_PROMPTS_SEED, cached_profile
 from specroll.engine.request import Request, SamplingParams
 from specroll.model import load_model
 from specroll.model.hub import home, resolve
@@ -141,7 +141,7 @@ def parse_args() -> argparse.Namespace:
 def profiles(args, model, drafter, prompts: list[list[int]]) -> tuple[CostModel, CostModel]:
     """The machine's profile (cached, or measured now) and the deliberately wrong one
     (saved to `--save-wrong` when given)."""
-    cm = cached_profile(model, drafter, prompts, args.profile, log, measure=True)
+    cm = cached_profile(model, drafter, prompts, args.profile or MEASURE, log)
     # as in training: a cached profile that disagrees with the measured times is marked
     # stale (measured again by the next run); the wrong one never touches the cache
     bad = wrong_profile(cm, args.wrong)

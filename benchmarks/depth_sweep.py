@@ -34,7 +34,7 @@ from specroll.drafters.eagle3 import Eagle3Drafter
 from specroll.engine.costmodel import CostModel
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
-from specroll.engine.profile import PROFILE_PROMPTS_SEED, cached_profile
+from specroll.engine.profile import MEASURE, PROFILE_PROMPTS_SEED, cached_profile
 from specroll.engine.request import Request, SamplingParams
 from specroll.model import load_model
 from specroll.model.hub import resolve
@@ -90,8 +90,7 @@ def load(profile: str) -> tuple:
         policy,
         drafter,
         [encode(tok, p) for p in math_problems(8, seed=PROFILE_PROMPTS_SEED)],
-        profile,
-        measure=True,
+        profile or MEASURE,
     )
     return policy, tok, drafter, cm
 

@@ -103,14 +103,14 @@ def test_cached_profile_is_measured_once_and_remeasured_when_stale(tiny_model, t
 
     P, calls = measured
     d = NgramDrafter()
-    first = P.cached_profile(tiny_model, d, [[1, 2, 3]], log=lambda m: None, measure=True)
-    again = P.cached_profile(tiny_model, d, [[1, 2, 3]], log=lambda m: None, measure=True)
+    first = P.cached_profile(tiny_model, d, [[1, 2, 3]], P.MEASURE, log=lambda m: None)
+    again = P.cached_profile(tiny_model, d, [[1, 2, 3]], P.MEASURE, log=lambda m: None)
     assert len(calls) == 1 and again == first
     (path,) = (tmp_path / "profiles").iterdir()
     stale = CostModel.load(path)
     stale.meta = {"format": P.FORMAT - 1}
     stale.save(path)
-    P.cached_profile(tiny_model, d, [[1, 2, 3]], log=lambda m: None, measure=True)
+    P.cached_profile(tiny_model, d, [[1, 2, 3]], P.MEASURE, log=lambda m: None)
     assert len(calls) == 2
     given = P.cached_profile(tiny_model, d, [], path=str(path), log=lambda m: None)
     assert given.fixed == 2e-3
@@ -506,7 +506,7 @@ def test_profile_that_disagrees_with_measured_times_is_marked_stale(tiny_model, 
     from specroll.drafters.ngram import NgramDrafter
 
     P, calls = measured
-    cm = P.cached_profile(tiny_model, NgramDrafter(), [[1]], log=lambda m: None, measure=True)
+    cm = P.cached_profile(tiny_model, NgramDrafter(), [[1]], P.MEASURE, log=lambda m: None)
     d = AdaptiveDepth(cm, k_max=3)
     for i in range(CHECK_AFTER - 1):  # within the band: nothing happens
         d.observe_time(4, i % 2, 50.0, 1.2 * cm.iteration(4, i % 2, 50.0))
@@ -514,14 +514,14 @@ def test_profile_that_disagrees_with_measured_times_is_marked_stale(tiny_model, 
     assert d.disagreement is None
     assert len(calls) == 1 and P.cached_profile(tiny_model, NgramDrafter(), [[1]]) == cm
 
-    cm = P.cached_profile(tiny_model, NgramDrafter(), [[1]], log=lambda m: None, measure=True)
+    cm = P.cached_profile(tiny_model, NgramDrafter(), [[1]], P.MEASURE, log=lambda m: None)
     d = AdaptiveDepth(cm, k_max=3)
     with pytest.warns(RuntimeWarning, match="disagrees"):
         for _ in range(CHECK_AFTER):  # plain decoding 3x slower than the profile says
             d.observe_time(4, 0, 50.0, 3 * cm.iteration(4, 0, 50.0))
     assert d.disagreement["all"] == pytest.approx(3.0)
     logs = []
-    P.cached_profile(tiny_model, NgramDrafter(), [[1]], log=logs.append, measure=True)
+    P.cached_profile(tiny_model, NgramDrafter(), [[1]], P.MEASURE, log=logs.append)
     assert len(calls) == 2 and any("disagreed" in m for m in logs)
     # a profile the user gave is never rewritten
     (path,) = (tmp_path / "profiles").iterdir()

@@ -232,7 +232,12 @@ def add_parser(sub) -> None:
         help="fixed: k while at most --spec-max-batch rows are active; adaptive: per "
         "iteration from this machine's cost profile (measured once, cached) and acceptance",
     )
-    gen.add_argument("--profile", default="", help="hardware profile for --depth adaptive")
+    gen.add_argument(
+        "--profile",
+        default="",
+        help="hardware profile for --depth adaptive: a JSON, 'measure' (the full one, "
+        "cached), or '' (the cached one, else a quick one)",
+    )
     gen.add_argument(
         "--spec-max-batch",
         type=int,

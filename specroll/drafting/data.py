@@ -123,6 +123,20 @@ def features(
     return out  # type: ignore[return-value]
 
 
+@torch.no_grad()
+def token_mass(
+    final: torch.Tensor, head: torch.Tensor, temperature: float = 1.0, chunk: int = 2048
+) -> torch.Tensor:
+    """[V] the policy's probability of each id summed over positions, from their final
+    states ([n, H], any float dtype) and its LM head ([H, V]); `chunk` positions' full
+    distributions are held at once."""
+    mass = torch.zeros(head.shape[1], device=head.device)  # [V]
+    for i in range(0, final.shape[0], chunk):
+        logits = final[i : i + chunk].float() @ head  # [<= chunk, V]
+        mass += torch.softmax(logits / temperature, dim=-1).sum(0)
+    return mass
+
+
 def prompt_ids(tok, cfg: DraftDataConfig) -> list[list[int]]:
     """The `cfg.n` prompts of set `cfg.prompts`, encoded as the RL loop encodes them."""
     return [encode(tok, p) for p in prompt_set(cfg.prompts, cfg.n, cfg.seed)]
@@ -290,11 +304,6 @@ class DraftData:
         The expected count of every id in the responses: unlike sampled counts it also
         ranks the tail the policy could have sampled (a draft vocabulary chosen from it
         covers more of p than one chosen from the ids that happened to be drawn)."""
-        T = self.temperature
         rows = [s.final[max(s.prompt_len - 1, 0) : len(s.tokens) - 1] for s in self.sequences]
         final = torch.cat(rows)  # [n, H] fp16
-        mass = torch.zeros(policy.cfg.vocab_size)
-        for i in range(0, final.shape[0], chunk):
-            logits = final[i : i + chunk].float() @ policy.head_weight
-            mass += torch.softmax(logits / T, dim=-1).sum(0)
-        return mass
+        return token_mass(final, policy.head_weight, self.temperature, chunk)

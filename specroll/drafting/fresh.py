@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from specroll.drafting.data import default_aux_layers
+from specroll.drafting.data import default_aux_layers, token_mass
 from specroll.drafting.eagle3 import Eagle3Head
 from specroll.drafting.mtp import MTPDraft
 from specroll.drafting.train import new_eagle3, new_mtp, select_vocab
@@ -31,8 +31,6 @@ STARTS = ("random", "policy")
 """The draft starts that need no sampling."""
 PROMPT_TOKENS = 4096
 """Most prompt tokens the vocabulary's forward reads (padded; a second on a CPU)."""
-CHUNK = 1024
-"""Positions whose full-vocabulary probabilities are held at once."""
 
 
 @torch.inference_mode()
@@ -54,11 +52,8 @@ def prompt_vocab(policy: Transformer, prompts: list[list[int]], size: int) -> to
         mask[r, : len(p)] = True
     L = policy.cfg.num_layers
     h = policy(tokens.to(dev), hidden_layers=(L,), return_logits=False).hidden[L]
-    final = policy.final_state(h)[mask.to(dev)].float()  # [tokens, H]
-    counts = torch.zeros(V, dtype=torch.float64, device=dev)  # [V]
-    for chunk in final.split(CHUNK):  # [<= CHUNK, V] logits at a time, not all of them
-        counts += torch.softmax(chunk @ policy.head_weight.float(), dim=-1).sum(0).double()
-    return select_vocab(counts.cpu(), size)
+    final = policy.final_state(h)[mask.to(dev)]  # [tokens, H]
+    return select_vocab(token_mass(final, policy.head_weight).cpu(), size)
 
 
 def fresh_draft(

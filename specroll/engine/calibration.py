@@ -124,9 +124,10 @@ class TimeCalibration:
         if not bad:
             return
         self.disagreement = medians
-        if hasattr(self.cost, "meta") and self.cost.meta.get("quick"):
+        meta = getattr(self.cost, "meta", {})
+        if meta.get("quick"):
             return  # a coarse prior is expected to be off: correcting it is the plan
-        where = self.cost.meta.get("cache_path", "") if hasattr(self.cost, "meta") else ""
+        where = meta.get("cache_path", "")
         mark = getattr(self.cost, "mark_stale", None)
         reason = (
             f"measured / predicted iteration time over the first {len(self._first)} "

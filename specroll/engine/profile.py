@@ -203,6 +203,10 @@ QUICK = dict(
 """The grid of `quick_profile`: a dozen forwards and a few short engine runs."""
 
 
+MEASURE = "measure"
+"""`cached_profile`'s path (and `rollout.profile`) that asks for the full profile."""
+
+
 def quick_profile(
     model: Transformer,
     drafter: Drafter,
@@ -226,11 +230,11 @@ def cached_profile(
     prompts: list[list[int]],
     path: str | Path = "",
     log: Callable[[str], None] = print,
-    measure: bool = False,
 ) -> CostModel:
-    """The hardware profile of `model` + `drafter` on this machine: the one at `path`, or
-    the cached one under $SPECROLL_HOME/profiles; if missing, a `quick_profile` (seconds,
-    not cached) or, with `measure`, the full profile measured now (minutes) and cached.
+    """The hardware profile of `model` + `drafter` on this machine, as `path` says (the
+    values of `rollout.profile`): a profile JSON; '' = the cached one under
+    $SPECROLL_HOME/profiles, else a `quick_profile` (seconds, not cached); `MEASURE` = the
+    cached one, else the full profile measured now (minutes) and cached.
 
     The cache key is the model shape, the drafter, the thread count and (when not the
     fp32 CPU default) the device and dtype: a profile taken with other threads, another
@@ -240,10 +244,11 @@ def cached_profile(
     stale: `AdaptiveDepth` compares it with the iteration times the engine measures and,
     when they disagree by more than its `stale_band` (the machine was busy while it was
     measured, or has changed since), marks the file (`CostModel.mark_stale`). Re-measuring
-    takes minutes, so it happens here (with `measure`), at the start of the next run,
+    takes minutes, so it happens here (with `MEASURE`), at the start of the next run,
     never in the middle of a rollout; the run that found the disagreement corrects the
-    profile online. A stale profile without `measure` gives way to a quick one."""
-    if path:
+    profile online. A stale profile without `MEASURE` gives way to a quick one."""
+    measure = path == MEASURE
+    if path and not measure:
         return CostModel.load(path)
     from specroll.model.hub import home
 

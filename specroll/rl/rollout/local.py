@@ -68,9 +68,7 @@ def engine_with(
     if drafter is not None:
         k = rollout_cfg.size(drafter.tree)
         if rollout_cfg.depth == "adaptive":
-            measure = rollout_cfg.profile == "measure"
-            path = "" if measure else rollout_cfg.profile
-            cost = cached_profile(model, drafter, prompts, path, log, measure=measure)
+            cost = cached_profile(model, drafter, prompts, rollout_cfg.profile, log)
             depth = AdaptiveDepth(cost, k_max=k, tree=drafter.tree)
         else:
             depth = FixedDepth(k, max_batch=rollout_cfg.spec_max_batch)

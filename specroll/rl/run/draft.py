@@ -57,7 +57,8 @@ def build_draft(
     if kind is None or (not cfg.rollout.speculative and not cfg.draft.online):
         return None
     init = cfg.draft.init
-    prompts = task_prompts(cfg, tok)  # None: the procedural math set
+    named = init in INITS  # (a draft directory needs no prompts)
+    prompts = task_prompts(cfg, tok) if named else None  # None: the procedural math set
     if init == "auto":
         path = cached_draft(policy_dir, kind, prompts)
         init = str(path) if path is not None else BOOTSTRAP
