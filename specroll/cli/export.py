@@ -19,9 +19,12 @@ def cmd_export(args: argparse.Namespace) -> None:
     what = f"checkpoint {src.path}" if src.kind == "checkpoint" else f"final policy of {src.path}"
     common.log(f"exporting the {what}")
     with common.status(common.console, f"loading {src.path}"):
-        policy, draft, tok = export_source.load(src, log=common.log)
+        policy, draft, tok = export_source.load(src, log=common.log, adapters=args.peft)
     with common.status(common.console, f"writing {dest}"):
-        export.write(policy, draft, tok.hf, src.rollout, dest, args.dtype, args.max_shard_size)
+        if args.peft:
+            export.write_adapter(policy, dest, export_source.base_name(src))
+        else:
+            export.write(policy, draft, tok.hf, src.rollout, dest, args.dtype, args.max_shard_size)
     common.stdout.print(str(dest), markup=False, highlight=False)
 
 
@@ -46,4 +49,11 @@ def add_parser(sub) -> None:
         "model.safetensors.index.json",
     )
     ex.add_argument("--overwrite", action="store_true", help="replace an existing export in --out")
+    ex.add_argument(
+        "--peft",
+        action="store_true",
+        help="write a LoRA run's adapters as a PEFT adapter directory (adapter_config.json + "
+        "adapter_model.safetensors, for peft.PeftModel.from_pretrained on the base model) "
+        "instead of the merged model",
+    )
     ex.set_defaults(func=cmd_export)

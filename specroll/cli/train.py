@@ -131,10 +131,12 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def _train(args: argparse.Namespace, cfg, plan) -> None:
     """Load the policy, build its draft and the trainer, and run the planned steps."""
+    from specroll.rl.run.adapters import check_dir
     from specroll.rl.run.report import step_line
     from specroll.rl.run.trainer import Trainer
 
     path = common.resolve_model_dir(cfg.policy.model)
+    check_dir(cfg, path)  # lora.*: the rank and lora.init's adapter against it, unloaded
     policy, tok = common.load_dir(path)
     draft = _draft(cfg, policy, tok, path)
     trainer = Trainer(cfg, policy, tok, draft, log=common.log)

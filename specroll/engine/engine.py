@@ -124,14 +124,16 @@ class Engine(Stepper):
         version: int,
         policy: dict[str, torch.Tensor],
         draft: dict[str, torch.Tensor] | None = None,
+        partial: bool = False,
     ) -> None:
         """New weights (tensors by name) under `version`, which every later Result
         carries as its policy (and draft) version; then prepacked (`warm`).
 
         They are copied into the engine's own tensors in place: names and shapes must be
         the engine's (ValueError names the first that differs). `draft` goes into the
-        drafter's network; None keeps the draft weights as they are."""
-        load_state(self.model, policy, "policy")
+        drafter's network; None keeps the draft weights as they are. partial: `policy`
+        names some of the model's tensors (a LoRA refit, `model.lora.Served`)."""
+        load_state(self.model, policy, "policy", partial)
         if draft is not None:
             net = None if self.drafter is None else self.drafter.network
             if net is None:

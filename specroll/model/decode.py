@@ -125,6 +125,7 @@ def applies(model: nn.Module, x: torch.Tensor, packed: list | None) -> bool:
         and not torch.is_grad_enabled()
         and not cfg.attention_bias
         and not cfg.qk_norm
+        and model.lora_spec is None  # adapters in the forward: the eager layers add them
         and _scripted() is not None
     )
 

@@ -97,6 +97,14 @@ class Block(nn.Module):
         self.mlp_norm = nn.Parameter(torch.ones(H))
         self.w_gate_up = nn.Parameter(torch.empty(H, 2 * inter))  # [H, 2I]
         self.w_down = nn.Parameter(torch.empty(inter, H))  # [I, H]
+        self.lora: nn.Module | None = None
+        """This layer's adapters (`model.lora.LayerLoRA`), added to its products; None
+        without (or when an engine serves them merged)."""
+
+    def _proj(self, name: str, h: torch.Tensor, pk: dict[str, torch.Tensor]) -> torch.Tensor:
+        """h @ the matrix `name` (prepacked when given), plus its adapters' share."""
+        y = _mm(h, getattr(self, name), pk.get(name))
+        return y if self.lora is None else self.lora.add(name, h, y)
 
     def forward(
         self,
@@ -113,7 +121,7 @@ class Block(nn.Module):
         B, T, _ = x.shape
         eps = cfg.rms_norm_eps
         h = rms_norm(x, self.attn_norm, eps)
-        qkv = _mm(h, self.wqkv, pk.get("wqkv"))  # [B, T, q + 2kv]
+        qkv = self._proj("wqkv", h, pk)  # [B, T, q + 2kv]
         if self.bqkv is not None:
             qkv = qkv + self.bqkv
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -134,10 +142,10 @@ class Block(nn.Module):
         else:  # each row writes its T tokens at its own positions
             keys, values = layer_cache.write(k, v, cache_len)
         o = attention(q, keys, values, mask, cfg.head_dim**-0.5)
-        x = x + _mm(o, self.wo, pk.get("wo"))
+        x = x + self._proj("wo", o, pk)
         h = rms_norm(x, self.mlp_norm, eps)
-        gate, up = _mm(h, self.w_gate_up, pk.get("w_gate_up")).chunk(2, dim=-1)
-        return x + _mm(F.silu(gate) * up, self.w_down, pk.get("w_down"))
+        gate, up = self._proj("w_gate_up", h, pk).chunk(2, dim=-1)
+        return x + self._proj("w_down", F.silu(gate) * up, pk)
 
 
 class Transformer(nn.Module):
@@ -156,6 +164,9 @@ class Transformer(nn.Module):
             else nn.Parameter(torch.empty(cfg.hidden_size, cfg.vocab_size))
         )
         self.rotary = Rotary(cfg)
+        self.lora_spec = None
+        """The shape of the layers' adapters (`model.lora.LoraSpec`; `lora.attach`), or
+        None: a policy without adapters, or an engine serving them merged."""
         self.use_packed = True
         """Use oneDNN-prepacked weights in grad-free CPU forwards (see module docstring)."""
         self._packed = PackedWeights()

@@ -21,15 +21,20 @@ from specroll.model.ops import MATRICES
 from specroll.model.transformer import Transformer
 
 
-def load_state(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+def load_state(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, partial: bool = False
+) -> None:
     """Copy `state` (tensors by name) into `module`'s own tensors in place, with no
     autograd; a name or shape that differs from the module's raises ValueError naming it
     (`what` says whose weights they are). In place, so whatever shares the tensors (a
-    drafter on the policy's embedding, a plain engine on the same model) sees them too."""
+    drafter on the policy's embedding, a plain engine on the same model) sees them too.
+    partial: `state` may name only some of the module's tensors (a LoRA refit: the
+    adapters, or the matrices they were merged into); the rest stay."""
     mine = module.state_dict()
-    if state.keys() != mine.keys():
+    if not (state.keys() <= mine.keys() if partial else state.keys() == mine.keys()):
         raise ValueError(
-            f"{what} weights do not match: names differ ({sorted(set(state) ^ set(mine))[:5]})"
+            f"{what} weights do not match: names differ "
+            f"({sorted((set(state) - set(mine)) if partial else set(state) ^ set(mine))[:5]})"
         )
     for name, t in state.items():
         if t.shape != mine[name].shape:
@@ -154,7 +159,8 @@ def load_model(
 
 
 def hf_state_dict(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor [out, in]) pairs for every weight of `model`."""
+    """(HF name, tensor [out, in]) pairs for every weight of `model` (a LoRA policy's
+    adapted matrices with their adapters merged: W + s * A @ B, in fp32)."""
     cfg = model.cfg
     yield "model.embed_tokens.weight", model.embed.T
     yield "model.norm.weight", model.norm
@@ -163,6 +169,9 @@ def hf_state_dict(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
     for i, layer in enumerate(model.layers):
         for ours, theirs in hf_names(cfg, i).items():
             t = getattr(layer, ours)
+            delta = layer.lora.delta(ours) if layer.lora is not None and _is_matrix(ours) else None
+            if delta is not None:
+                t = t.detach().float() + delta.detach().float()
             t = t.T if _is_matrix(ours) else t
             if ours in ("wqkv", "bqkv"):
                 sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from specroll.drafting.trainable import TrainableDraft
+from specroll.model import lora
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 
@@ -56,8 +57,11 @@ class Weights:
     """Whether `policy` and `draft` are Ray object references."""
 
     @classmethod
-    def of(cls, policy: torch.nn.Module, draft: torch.nn.Module | None) -> Weights:
-        """The modules' tensors (views: a backend copies them into its own)."""
+    def of(cls, policy: Transformer, draft: torch.nn.Module | None) -> Weights:
+        """The modules' tensors (views: a backend copies them into its own); of a LoRA
+        policy only its adapters (the rollout side keeps the base it was built with)."""
+        if policy.lora_spec is not None:
+            return cls(lora.adapters(policy), tensors_of(draft))
         return cls(tensors_of(policy), tensors_of(draft))
 
     def resolve(self) -> tuple[State, State | None]:

@@ -26,6 +26,7 @@ from specroll.rl.config.io import (
 )
 from specroll.rl.config.learner import LearnerConfig
 from specroll.rl.config.log import LogConfig
+from specroll.rl.config.lora import LoraConfig
 from specroll.rl.config.loss import MAX_REFILL_ROUNDS, LossConfig
 from specroll.rl.config.pipeline import (
     MAX_LAG,
@@ -51,6 +52,7 @@ __all__ = [
     "DraftConfig",
     "LearnerConfig",
     "LogConfig",
+    "LoraConfig",
     "LossConfig",
     "PipelineConfig",
     "PolicyConfig",
@@ -73,6 +75,7 @@ class TrainConfig:
     """Everything `specroll train` runs with."""
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
@@ -114,6 +117,24 @@ class TrainConfig:
             f"(refill generates after the step's rewards; async runs submit ahead), got "
             f"max_lag={self.pipeline.max_lag}",
         )
+
+        if self.lora.on:  # (what serves and trains adapters today)
+            check(
+                self.rollout.backend == "local" and self.learner_placement() == "local",
+                "lora.rank > 0 needs rollout.backend=local and a local learner (got "
+                f"rollout.backend={self.rollout.backend}, learner.placement="
+                f"{self.learner.placement}): adapters are not served by ray or vllm yet",
+            )
+            check(
+                self.learner.strategy == "single",
+                "lora.rank > 0 needs learner.strategy=single (FSDP2 with adapters is not "
+                "built yet)",
+            )
+
+    def policy_lr(self) -> float:
+        """The learning rate of what trains in the policy: lora.lr with adapters, else
+        policy.lr."""
+        return self.lora.lr if self.lora.on else self.policy.lr
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

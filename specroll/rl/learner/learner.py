@@ -101,8 +101,11 @@ class Learner(Scorer):
             reference.to(self.device).for_training()
         if draft is not None:
             draft.to(self.device)
+        self.trained = [p for p in policy.parameters() if p.requires_grad]
+        """What the policy's optimizer steps: every weight, or only the adapters of a
+        LoRA policy (`model.lora.attach` freezes its base: no optimizer state for it)."""
         self.opt = torch.optim.AdamW(
-            policy.parameters(),
+            self.trained,
             lr=policy_cfg.lr,
             betas=(0.9, 0.99),
             weight_decay=policy_cfg.weight_decay,
@@ -251,7 +254,7 @@ class Learner(Scorer):
         sums = torch.cat([sums, top])
         keys += ["ratio_max", "ratio_min"]
         # under FSDP the policy's clipping norm is a DTensor: its global value
-        acc = {"grad_norm": full(_clip_grad(self.policy.parameters(), self.pcfg.grad_clip))}
+        acc = {"grad_norm": full(_clip_grad(self.trained, self.pcfg.grad_clip))}
         if self.draft_opt is not None:
             params = list(self.draft.parameters())
             acc["draft_grad_norm"] = full(_clip_grad(params, self.dcfg.grad_clip))

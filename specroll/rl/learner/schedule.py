@@ -36,6 +36,7 @@ def lr_factor(cfg: PolicyConfig, step: int, steps: int) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
 
 
-def lr_at(cfg: PolicyConfig, step: int, steps: int) -> float:
-    """The policy's learning rate at RL step `step` (0-based) of `steps`."""
-    return cfg.lr * lr_factor(cfg, step, steps)
+def lr_at(cfg: PolicyConfig, step: int, steps: int, lr: float | None = None) -> float:
+    """The policy's learning rate at RL step `step` (0-based) of `steps`: `lr` (default
+    `cfg.lr`; a LoRA run's is lora.lr) under the schedule of `cfg`."""
+    return (cfg.lr if lr is None else lr) * lr_factor(cfg, step, steps)

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 from specroll.drafting.trainable import TrainableDraft, save_draft
+from specroll.model import lora, peft_io
 from specroll.model.transformer import Transformer
-from specroll.model.weights import save_model
+from specroll.model.weights import load_state, save_model
 from specroll.rl.algo.batch import Batch
 from specroll.rl.config import TrainConfig
 from specroll.rl.learner.build import build_learner
@@ -28,6 +29,7 @@ class LocalLearnerHost:
         device: torch.device | None = None,
     ) -> None:
         self.policy, self.draft = policy, draft
+        self.model = cfg.policy.model
         self.learner = build_learner(cfg, policy, draft, device)
 
     def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -48,7 +50,7 @@ class LocalLearnerHost:
     def checkpoint_state(self) -> dict:
         """Weights and optimizer states, on the CPU (on a CPU learner these are the
         tensors themselves, not copies)."""
-        out = {"policy": self.policy.state_dict(), "policy_opt": self.learner.opt.state_dict()}
+        out = {"policy": _policy_state(self.policy), "policy_opt": self.learner.opt.state_dict()}
         if self.draft is not None:
             out["draft"] = self.draft.state_dict()
         if self.learner.draft_opt is not None:
@@ -65,18 +67,32 @@ class LocalLearnerHost:
         if "policy" not in state:
             dcp.load(self.learner, self.draft, Path(state["path"]) / "learner")
             return
-        with torch.no_grad():
-            self.policy.load_state_dict(state["policy"])
-            if self.draft is not None:
-                self.draft.load_state_dict(state["draft"])
+        adapted = self.policy.lora_spec is not None
+        if adapted and set(state["policy"]) != set(lora.adapters(self.policy)):
+            raise ValueError("the checkpoint's policy is not this run's adapters (lora.* differ)")
+        load_state(self.policy, state["policy"], "the checkpoint's policy", partial=adapted)
+        if self.draft is not None:
+            load_state(self.draft, state["draft"], "the checkpoint's draft")
         self.learner.opt.load_state_dict(state["policy_opt"])
         if self.learner.draft_opt is not None:
             self.learner.draft_opt.load_state_dict(state["draft_opt"])
 
     def export(self, out: Path) -> None:
+        """The final policy/ (adapters merged), adapter/ (PEFT, a LoRA policy's), draft/."""
         save_model(self.policy, out / "policy")
+        if self.policy.lora_spec is not None:
+            from specroll.model.hub import resolve
+
+            base = peft_io.base_name(resolve(self.model))
+            peft_io.save(lora.adapters(self.policy), self.policy.lora_spec, out / "adapter", base)
         if self.draft is not None:
             save_draft(self.draft, out / "draft")
 
     def close(self) -> None:
         pass
+
+
+def _policy_state(policy: Transformer) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps of the policy: a LoRA policy's adapters (its base is the
+    run's policy.model, loaded again on resume), else every weight."""
+    return lora.adapters(policy) if policy.lora_spec is not None else policy.state_dict()

@@ -19,6 +19,7 @@ from specroll.engine.depth import AdaptiveDepth, FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.profile import cached_profile
 from specroll.engine.request import Request, Results
+from specroll.model import lora
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
 from specroll.rl.config.rollout import RolloutConfig
@@ -92,6 +93,8 @@ class LocalRollout(RolloutBackend):
         self.speculative = engine.drafter is not None
         self._draft_weights = self.speculative and engine.drafter.network is not None
         self._plain: Engine | None = None
+        self.served: lora.Served | None = None
+        """How the engine takes a LoRA policy's refits (adapters only), or None."""
 
     @property
     def policy_version(self) -> int:
@@ -116,7 +119,10 @@ class LocalRollout(RolloutBackend):
 
     def update_weights(self, version: int, weights: Weights) -> None:
         policy, draft = weights.resolve()
-        self.engine.load_weights(version, policy, draft if self._draft_weights else None)
+        if self.served is not None:
+            policy = self.served.state(policy)
+        draft = draft if self._draft_weights else None
+        self.engine.load_weights(version, policy, draft, partial=self.served is not None)
 
     def drafter_snapshot(self) -> dict | None:
         """The history store now (`DrafterShadow`): taken before a step's rollouts join it,
@@ -199,10 +205,15 @@ def build(
     """One engine in this process, on copies of the weights (the learner's carry autograd
     state; the engine's are prepacked for inference)."""
     model = copy.deepcopy(policy).eval()
+    served = None
+    if model.lora_spec is not None:  # before the engine profiles it: merged has no adapters
+        served = lora.Served(model, merged=cfg.lora.serve == "merged")
     uses = draft is not None and cfg.rollout.speculative and cfg.rollout.network
     twin = replica(draft, model) if uses else None
     engine = build_engine(cfg.rollout, model, twin, prompts, log)
-    return LocalRollout(engine, cfg.rollout, prompts, log)
+    backend = LocalRollout(engine, cfg.rollout, prompts, log)
+    backend.served = served
+    return backend
 
 
 def _history(drafter: Drafter | None) -> HistoryDrafter | None:

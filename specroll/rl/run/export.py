@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from specroll import outputs
 from specroll.drafting.trainable import TrainableDraft, save_draft
+from specroll.model import lora, peft_io
 from specroll.model.transformer import Transformer
 from specroll.model.weights import save_model
 from specroll.rl.errors import RunError
@@ -41,7 +42,7 @@ INDEX = "model.safetensors.index.json"
 """The shard index of a sharded export (tensor name -> file)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """Export weight dtypes by name (`pipeline.export_dtype`, `--dtype`)."""
-WRITES = (*outputs.HF_DIR_FILES, "draft")
+WRITES = (*outputs.HF_DIR_FILES, "draft", "adapter_config.json")
 """What an export directory holds (what `--overwrite` may replace)."""
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
@@ -186,6 +187,24 @@ def write(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+    return publish(stage, dest)
+
+
+def write_adapter(policy: Transformer, dest: Path, base: str) -> Path:
+    """`policy`'s LoRA adapters as a PEFT adapter directory in `dest` (`--peft`), written
+    whole; ExportError for a policy trained without adapters."""
+    if policy.lora_spec is None:
+        raise ExportError(
+            "--peft: this run trained the whole policy (lora.rank 0): it has no adapters; "
+            "export the merged model without --peft"
+        )
+    dest = Path(dest)
+    stage = stage_dir(dest)
+    try:
+        peft_io.save(lora.adapters(policy), policy.lora_spec, stage, base)
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise _write_failed(dest, peft_io.WEIGHTS, e) from None
     return publish(stage, dest)
 
 

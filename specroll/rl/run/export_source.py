@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specroll.drafting.trainable import TrainableDraft, load_draft, new_draft
+from specroll.model import lora, peft_io
 from specroll.model.transformer import Transformer
 from specroll.model.untrusted import UnreadableFile, load_tensors
 from specroll.model.weights import load_model, load_state, read_config
 from specroll.rl.learner.fsdp import dcp_read
 from specroll.rl.run import checkpoint
+from specroll.rl.run.adapters import from_dict
 
 
 @dataclass
@@ -113,20 +115,46 @@ def _draft_spec(src: Source, state: dict) -> dict | None:
     return None
 
 
-def load(src: Source, log=print) -> tuple[Transformer, TrainableDraft | None, object]:
-    """(policy, draft or None, tokenizer) of the source, in fp32 on the CPU."""
+def base_name(src: Source) -> str:
+    """The name of the run's base model, as a PEFT adapter records it."""
+    return peft_io.base_name(_base_dir(src))
+
+
+def load(
+    src: Source, log=print, adapters: bool = False
+) -> tuple[Transformer, TrainableDraft | None, object]:
+    """(policy, draft or None, tokenizer) of the source, in fp32 on the CPU. A LoRA run's
+    policy is its base with the adapters attached (`adapters`: a final policy/ too, from
+    the run's adapter/ beside it; else the final policy/ is read merged, as written)."""
     from specroll.model.tokenizer import Tokenizer
 
+    if src.kind == "final" and adapters and (src.path / "adapter" / peft_io.CONFIG).is_file():
+        base = _base_dir(src)
+        policy = load_model(base)
+        spec = peft_io.check(src.path / "adapter", policy.cfg, "")
+        lora.attach(policy, spec)
+        load_state(policy, peft_io.load(src.path / "adapter", policy.cfg, spec), "adapter/", True)
+        draft_dir = src.path / "draft"
+        draft = load_draft(draft_dir, policy) if (draft_dir / "config.json").is_file() else None
+        return policy, draft, Tokenizer(base)
     if src.kind == "final":
         policy = load_model(src.path / "policy")
         draft_dir = src.path / "draft"
         draft = load_draft(draft_dir, policy) if (draft_dir / "config.json").is_file() else None
         return policy, draft, Tokenizer(src.path / "policy")
     base = _base_dir(src)
-    policy = Transformer(read_config(base))
     state = load_tensors(src.path / "state.pt", mmap=True)
     if not isinstance(state, dict):
         raise UnreadableFile(f"{src.path / 'state.pt'}: not a specroll checkpoint's state")
+    if "lora_spec" in state:  # the checkpoint holds the adapters; the base is policy.model
+        policy = load_model(base)
+        try:
+            lora.attach(policy, from_dict(state["lora_spec"]))
+        except (TypeError, ValueError, KeyError) as e:
+            why = f"{src.path / 'state.pt'}: its lora_spec does not fit the policy ({e})"
+            raise UnreadableFile(why) from None
+    else:
+        policy = Transformer(read_config(base))
     spec = _draft_spec(src, state)
     try:
         draft = new_draft(spec["kind"], spec["config"], policy) if spec else None
@@ -141,7 +169,8 @@ def load(src: Source, log=print) -> tuple[Transformer, TrainableDraft | None, ob
             "exported without draft/"
         )
     if "policy" in state:
-        load_state(policy, state["policy"], f"{src.path}: the policy")
+        adapted = policy.lora_spec is not None
+        load_state(policy, state["policy"], f"{src.path}: the policy", partial=adapted)
         if draft is not None:
             load_state(draft, state["draft"], f"{src.path}: the draft")
     else:  # a sharded learner's checkpoint: read the weights from its DCP state

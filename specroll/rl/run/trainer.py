@@ -37,7 +37,7 @@ from specroll.rl.errors import NonFiniteError, Stopped
 from specroll.rl.learner import build_host
 from specroll.rl.learner.schedule import lr_at
 from specroll.rl.rollout import build_rollout
-from specroll.rl.run import checkpoint, export, rundir, samples
+from specroll.rl.run import adapters, checkpoint, export, rundir, samples
 from specroll.rl.run.loggers import Loggers, check_installed, open_loggers
 from specroll.rl.run.refill import StepGroups, refill
 from specroll.rl.run.report import step_metrics, write_report
@@ -70,12 +70,14 @@ class Trainer:
         self.task = Task(cfg, tok)
         """What each step samples: problems, requests and their seeds, rewards."""
         self.task.stop = self._check_stop  # a signal ends the reward stage at once
+        policy = adapters.adapt(cfg, policy)  # lora.rank > 0: only its adapters train
         # a run built from Python meets the bounds the command line checks (`rl.budget`)
         check_loaded(cfg, policy.cfg, self.task.file_items)
         self.rollout = build_rollout(cfg, policy, draft, tok, log)
         if cfg.learner.placement == "auto" and cfg.learner_placement() == "ray":
             log("learner: in a Ray actor (learner.placement=auto follows rollout.backend=ray)")
         self.host = build_host(cfg, policy, draft)
+        self.policy = policy
         self.window = RolloutWindow(
             self.rollout, self.task, cfg.pipeline.max_lag, cfg.pipeline.steps
         )
@@ -196,7 +198,8 @@ class Trainer:
         self, batch: tuple[Batch, torch.Tensor] | None, old: tuple | None, masked: int | None
     ) -> dict:
         """The policy and draft update; the learner's metrics (with `masked`, `_batch`'s)."""
-        m: dict = {"lr": lr_at(self.cfg.policy, self.step, self.cfg.pipeline.steps)}
+        steps = self.cfg.pipeline.steps
+        m: dict = {"lr": lr_at(self.cfg.policy, self.step, steps, self.cfg.policy_lr())}
         if masked is not None:
             m["masked_truncated"] = masked
         if batch is not None:
@@ -265,6 +268,8 @@ class Trainer:
         }
         if self.draft_config is not None:
             out["draft_config"] = self.draft_config
+        if self.policy.lora_spec is not None:  # `policy` holds only the adapters
+            out["lora_spec"] = adapters.spec_dict(self.policy.lora_spec)
         drafter = self.rollout.drafter_state()
         if drafter is not None:
             out["drafter"] = drafter
