@@ -290,3 +290,44 @@ def test_the_cli_reports_a_dead_rank_as_an_error(monkeypatch, capsys):
     monkeypatch.setattr(cli.train, "cmd_train", dies)
     assert cli.main(["train", "--preset", "tiny"]) == 1
     assert "error: learner rank 1 died" in capsys.readouterr().err
+
+
+LORA = ("lora.rank=4", "lora.lr=1e-2")
+
+
+def test_two_rank_lora_updates_equal_the_single_process_ones(tiny_setup, tmp_path):
+    """FSDP2 over a LoRA policy (frozen base shards, adapters trained): two updates equal
+    the single process's, and a refit gathers only the adapters."""
+    from specroll.model import lora
+    from specroll.rl.learner.fsdp.host import FSDPLearnerHost
+
+    over = ("policy.micro_batch=6", *LORA)
+    t = _trainer(tiny_setup, tmp_path, *over)
+    batch, old = _batch(t)
+    policy, draft = _modules(t)
+    before = {k: v.clone() for k, v in lora.adapters(policy).items()}
+    host = FSDPLearnerHost(build_config("tiny", [*over, *FSDP]), policy, draft)
+    try:
+        for _ in range(2):
+            m1, m2 = t.host.train(batch, old, None, 1e-2), host.train(batch, old, None, 1e-2)
+            for k in m1:
+                assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
+        p2, d2 = host.weights().resolve()
+    finally:
+        host.close()
+    assert set(p2) == set(before)  # the adapters, not the base
+    assert _max_diff(before, lora.adapters(policy)) > 1e-4
+    assert _max_diff(p2, lora.adapters(policy)) < 1e-6
+    assert _max_diff(d2, tensors_of(draft)) < 1e-6
+
+
+def test_a_two_rank_lora_checkpoint_resumes_in_one_process_exactly(tiny_setup, tmp_path):
+    """A LoRA run on 2 ranks, stopped after step 2 (a DCP checkpoint of the adapters and
+    their optimizer state), resumed in one process: the uninterrupted run's metrics."""
+    single = _trainer(_fresh(tiny_setup), tmp_path / "single", *LORA)
+    full = single.run()
+    single.close()
+    _interrupted(_fresh(tiny_setup), tmp_path / "a", *LORA, *FSDP)
+    learner_dir = tmp_path / "a" / "run" / "checkpoints" / "step-000002" / "learner"
+    assert learner_dir.is_dir()
+    _close(full, _resumed(_fresh(tiny_setup), tmp_path / "a", *LORA))

@@ -153,3 +153,21 @@ def test_sync_on_ray_gives_the_single_process_metrics_and_resumes_exactly(
 def test_resources_that_cannot_fit_fail_fast(local_ray, tiny, tmp_path):
     with pytest.raises(ValueError, match="ray.workers"):
         _trainer(tiny, tmp_path, "rollout.backend=ray", "ray.workers=3")
+
+
+def test_a_lora_run_on_ray_gives_the_in_process_metrics(local_ray, tiny, tmp_path):
+    """A LoRA policy on Ray: the learner actor publishes only the adapters, the workers
+    build on the base put into the object store once and serve them (merged); every
+    step's metrics are those of the same run in process."""
+    over = ("lora.rank=4", "lora.lr=1e-2")
+    rows = _trainer(tiny, tmp_path / "a", *over).run()
+    t = _trainer(tiny, tmp_path / "b", *over, "rollout.backend=ray", "ray.workers=2")
+    try:
+        ray_rows = t.run()
+        assert set(t.host.weights().resolve()[0]) == {
+            k for k in t.checkpoint_state()["policy"] if ".lora." in k
+        }
+    finally:
+        t.close()
+    for a, b in zip(ray_rows, rows, strict=True):
+        _same(a, b)

@@ -93,20 +93,25 @@ class ReplicaSpec:
     """The draft's class (a `TrainableDraft`), or None without a draft."""
     draft_cfg: Any = None
     """The draft's architecture (`draft.cfg`)."""
+    lora: lora.LoraSpec | None = None
+    """The policy's adapters (a LoRA policy), or None."""
 
     @classmethod
     def of(cls, policy: Transformer, draft: TrainableDraft | None = None) -> ReplicaSpec:
         if draft is None:
-            return cls(policy.cfg)
-        return cls(policy.cfg, type(draft), draft.cfg)
+            return cls(policy.cfg, lora=policy.lora_spec)
+        return cls(policy.cfg, type(draft), draft.cfg, policy.lora_spec)
 
     @property
     def has_draft(self) -> bool:
         return self.draft_cls is not None
 
     def policy(self, state: State | None = None) -> Transformer:
-        """A policy of this shape holding `state` (or its random initial weights)."""
+        """A policy of this shape (with its adapters, base frozen) holding `state` (or its
+        random initial weights)."""
         model = Transformer(self.model)
+        if self.lora is not None:
+            lora.attach(model, self.lora)
         if state is not None:
             model.load_state_dict(state)
         return model

@@ -118,17 +118,13 @@ class TrainConfig:
             f"max_lag={self.pipeline.max_lag}",
         )
 
-        if self.lora.on:  # (what serves and trains adapters today)
+        if self.lora.on:  # (what serves adapters today)
+            uses_vllm = "vllm" in (self.rollout.backend, self.ray.worker_backend)
             check(
-                self.rollout.backend == "local" and self.learner_placement() == "local",
-                "lora.rank > 0 needs rollout.backend=local and a local learner (got "
-                f"rollout.backend={self.rollout.backend}, learner.placement="
-                f"{self.learner.placement}): adapters are not served by ray or vllm yet",
-            )
-            check(
-                self.learner.strategy == "single",
-                "lora.rank > 0 needs learner.strategy=single (FSDP2 with adapters is not "
-                "built yet)",
+                not uses_vllm or self.rollout.backend == "local",
+                "lora.rank > 0 needs rollout.backend local or ray with ray.worker_backend "
+                f"local (got rollout.backend={self.rollout.backend}, ray.worker_backend="
+                f"{self.ray.worker_backend}): the vllm backend does not serve adapters yet",
             )
 
     def policy_lr(self) -> float:

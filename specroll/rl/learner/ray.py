@@ -45,7 +45,8 @@ class LearnerActor(LocalLearnerHost):
         as CPU tensors (a worker without this actor's GPU must be able to read them)."""
         import ray
 
-        return [ray.put(to_cpu(tensors_of(self.policy))), ray.put(to_cpu(tensors_of(self.draft)))]
+        w = Weights.of(self.policy, self.draft)  # (of a LoRA policy: its adapters)
+        return [ray.put(to_cpu(w.policy)), ray.put(to_cpu(w.draft))]
 
 
 class RayLearnerHost:

@@ -34,7 +34,7 @@ from specroll.engine.request import Request, Result, Results
 from specroll.model.transformer import Transformer
 from specroll.rl.cluster import connect, require_ray
 from specroll.rl.config import TrainConfig
-from specroll.rl.replica import ReplicaSpec, Weights
+from specroll.rl.replica import ReplicaSpec, Weights, tensors_of
 from specroll.rl.rollout import build_backend
 from specroll.rl.rollout.base import Pending, RolloutBackend
 from specroll.rl.rollout.vllm import require_eagle3, require_vllm
@@ -51,7 +51,9 @@ def worker_config(cfg: TrainConfig) -> TrainConfig:
 class RolloutWorker:
     """One in-process rollout backend in its own process (run as a Ray actor)."""
 
-    def __init__(self, cfg: TrainConfig, spec: ReplicaSpec, prompts: list[list[int]]) -> None:
+    def __init__(
+        self, cfg: TrainConfig, spec: ReplicaSpec, prompts: list[list[int]], base: list
+    ) -> None:
         """The backend is built on the first weights the worker is sent (a vLLM engine
         loads its weights when it starts), with its draft and (adaptive depth) its cost
         profile, on the worker's own threads and device: a profile measured on the driver
@@ -62,6 +64,9 @@ class RolloutWorker:
             # worker on a node to the same cores
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.cfg, self.spec, self.prompts = worker_config(cfg), spec, prompts
+        self.base = base
+        """[a reference to a LoRA policy's whole state] (its refits carry only the
+        adapters: the worker builds on this), or []."""
         self.backend: RolloutBackend | None = None
         self.version: int | None = None
 
@@ -74,7 +79,12 @@ class RolloutWorker:
             update = Weights(*weights, remote=True)
             with torch.no_grad():
                 if self.backend is None:
-                    policy, draft = self.spec.build(*update.resolve())
+                    policy, draft = update.resolve()
+                    if self.base:
+                        import ray
+
+                        policy = ray.get(self.base[0])
+                    policy, draft = self.spec.build(policy, draft)
                     self.backend = build_backend(self.cfg, policy.eval(), draft, self.prompts)
                 self.backend.update_weights(version, update)
             self.version = version
@@ -84,7 +94,15 @@ class RolloutWorker:
 class RayRollout(RolloutBackend):
     """`ray.workers` rollout workers behind the rollout interface."""
 
-    def __init__(self, cfg: TrainConfig, spec: ReplicaSpec, prompts: list[list[int]]) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        spec: ReplicaSpec,
+        prompts: list[list[int]],
+        base: dict | None = None,
+    ) -> None:
+        """base: a LoRA policy's whole state (put into the object store once: its refits
+        carry only the adapters)."""
         import ray
 
         connect(cfg)
@@ -94,7 +112,7 @@ class RayRollout(RolloutBackend):
         self._actor = ray.remote(
             num_cpus=cfg.ray.cpus_per_worker, num_gpus=cfg.ray.gpus_per_worker, max_restarts=0
         )(RolloutWorker)
-        self._args = (cfg, spec, prompts)
+        self._args = (cfg, spec, prompts, [ray.put(base)] if base is not None else [])
         self.workers = [self._spawn() for _ in range(cfg.ray.workers)]
         self._version = -1
         self.weights: list = []
@@ -214,4 +232,5 @@ def build(
         require_eagle3(draft if cfg.rollout.speculative else None, "ray.worker_backend=vllm")
     speculative = draft is not None and cfg.rollout.speculative
     spec = ReplicaSpec.of(policy, draft if speculative else None)
-    return RayRollout(cfg, spec, prompts)
+    base = tensors_of(policy) if policy.lora_spec is not None else None
+    return RayRollout(cfg, spec, prompts, base)

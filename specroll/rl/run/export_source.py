@@ -174,7 +174,7 @@ def load(
         if draft is not None:
             load_state(draft, state["draft"], f"{src.path}: the draft")
     else:  # a sharded learner's checkpoint: read the weights from its DCP state
-        sd = {"policy": policy.state_dict()}
+        sd = {"policy": lora.adapters(policy) if policy.lora_spec else policy.state_dict()}
         if draft is not None:
             sd["draft"] = draft.state_dict()
         dcp_read.read(sd, src.path / "learner")

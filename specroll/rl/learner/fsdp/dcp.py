@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from specroll.model import lora
 from specroll.rl.learner.fsdp import dcp_read
 
 
@@ -39,15 +40,23 @@ def _pairs(learner, draft) -> list[tuple[str, torch.nn.Module, torch.optim.Optim
     return out
 
 
+def _adapted(module: torch.nn.Module) -> bool:
+    """Whether `module` is a LoRA policy (its checkpoints hold only its adapters)."""
+    return getattr(module, "lora_spec", None) is not None
+
+
 def state_dicts(learner, draft) -> dict:
     """{policy, policy_opt, draft, draft_opt}: this rank's DCP state (optimizer states
-    initialised if no step has run, so that a load has every key to fill)."""
+    initialised if no step has run, so that a load has every key to fill); of a LoRA
+    policy its adapters (the base is the run's policy.model)."""
     out = {}
     for name, module, opt in _pairs(learner, draft):
         if opt is None:
             out[name] = get_model_state_dict(module)
         else:
             out[name], out[name + "_opt"] = get_state_dict(module, opt)
+        if _adapted(module):
+            out[name] = {k: v for k, v in out[name].items() if lora.is_adapter(k)}
     return out
 
 
@@ -62,22 +71,27 @@ def load(learner, draft, path: str | Path) -> None:
     sd = state_dicts(learner, draft)
     dcp_read.read(sd, path)
     for name, module, opt in _pairs(learner, draft):
+        options = StateDictOptions(strict=not _adapted(module))
         if opt is None:
-            set_model_state_dict(module, sd[name])
+            set_model_state_dict(module, sd[name], options=options)
         else:
             set_state_dict(
-                module, opt, model_state_dict=sd[name], optim_state_dict=sd[name + "_opt"]
+                module,
+                opt,
+                model_state_dict=sd[name],
+                optim_state_dict=sd[name + "_opt"],
+                options=options,
             )
 
 
 def load_full(learner, draft, state: dict) -> None:
     """Load a single-process `state()` (full tensors, index-keyed optimizers) into a
     (sharded) learner: every rank reads the whole state and keeps its shards."""
-    full = StateDictOptions(full_state_dict=True)
     for name, module, opt in _pairs(learner, draft):
+        full = StateDictOptions(full_state_dict=True, strict=not _adapted(module))
         set_model_state_dict(module, state[name], options=full)
-        if opt is not None:
-            names = [n for n, _ in module.named_parameters()]
+        if opt is not None:  # (the optimizer's parameters: of a LoRA policy its adapters)
+            names = [n for n, p in module.named_parameters() if p.requires_grad]
             osd = by_name(state[name + "_opt"], names)
             set_optimizer_state_dict(module, opt, osd, options=full)
 

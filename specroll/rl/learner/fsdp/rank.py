@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from specroll.device import resolve_dtype
 from specroll.drafting.trainable import save_draft
-from specroll.model.transformer import Transformer
+from specroll.model import lora, peft_io
 from specroll.model.untrusted import UnreadableFile, load_tensors
 from specroll.model.weights import save_model
 from specroll.rl.algo.batch import Batch
@@ -59,7 +59,7 @@ class RankLearner:
         policy = spec.policy(policy_state)
         policy.to(device).for_training()
         draft = spec.draft(policy, draft_state)  # references the policy's embedding (and head)
-        self.policy, self.draft, self.model_cfg = policy, draft, spec.model
+        self.policy, self.draft, self.spec = policy, draft, spec
         shard = lambda model: shard_policy(model, dtype)  # noqa: E731
         self.learner = build_learner(cfg, policy, draft, device, prepare=shard)
         self.learner.dp = DataParallel(rank, world)
@@ -75,8 +75,9 @@ class RankLearner:
     def weights(self, emit: Callable) -> bool:
         """Gather the policy one tensor at a time; rank 0 streams each (as a CPU tensor)
         and drops it before the next gather. Whether there is a draft."""
+        adapted = self.spec.lora is not None
         for key, module in (("policy", self.policy), ("draft", self.draft)):
-            for name, t in full_tensors(module):
+            for name, t in full_tensors(module, adapters_only=adapted and key == "policy"):
                 if self.rank == 0:
                     emit(("item", 0, (key, name, t.cpu())))
                 del t
@@ -96,15 +97,20 @@ class RankLearner:
             dcp.load(self.learner, self.draft, Path(ckpt) / "learner")
 
     def export(self, out: Path, emit: Callable) -> None:
-        """Rank 0 saves the full policy (gathered tensor by tensor into a plain model)
-        and the draft."""
-        plain = Transformer(self.model_cfg) if self.rank == 0 else None
+        """Rank 0 saves the full policy (gathered tensor by tensor into a plain model;
+        a LoRA policy's adapters merged, and as a PEFT adapter/ beside it) and the draft."""
+        plain = self.spec.policy() if self.rank == 0 else None
         tensors = plain.state_dict() if plain is not None else {}
         for name, t in full_tensors(self.policy):
             if plain is not None:
                 tensors[name].copy_(t)  # into the plain model's own tensor
         if plain is not None:
             save_model(plain, out / "policy")
+            if plain.lora_spec is not None:
+                from specroll.model.hub import resolve
+
+                base = peft_io.base_name(resolve(self.cfg.policy.model))
+                peft_io.save(lora.adapters(plain), plain.lora_spec, out / "adapter", base)
             if self.draft is not None:
                 save_draft(self.draft, out / "draft")
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from specroll.model import lora
 from specroll.model.transformer import Transformer
 
 
@@ -98,10 +99,13 @@ def shard_policy(policy: Transformer, dtype: torch.dtype, mesh=None) -> Transfor
     return policy
 
 
-def full_tensors(module: torch.nn.Module | None):
+def full_tensors(module: torch.nn.Module | None, adapters_only: bool = False):
     """(name, full tensor) of `module`'s state, one at a time: a shard is all-gathered
-    (a collective: every rank iterates), a replicated tensor is yielded as it is."""
+    (a collective: every rank iterates), a replicated tensor is yielded as it is.
+    adapters_only: a LoRA policy's adapters alone (a refit: the base never changes)."""
     if module is None:
         return
     for name, t in module.state_dict().items():
+        if adapters_only and not lora.is_adapter(name):
+            continue
         yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t.detach())
