@@ -169,7 +169,8 @@ def hf_state_dict(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
     for i, layer in enumerate(model.layers):
         for ours, theirs in hf_names(cfg, i).items():
             t = getattr(layer, ours)
-            delta = layer.lora.delta(ours) if layer.lora is not None and _is_matrix(ours) else None
+            adapters = getattr(layer, "lora", None)  # (a plain view of tensors has none)
+            delta = adapters.delta(ours) if adapters is not None and _is_matrix(ours) else None
             if delta is not None:
                 t = t.detach().float() + delta.detach().float()
             t = t.T if _is_matrix(ours) else t

@@ -118,15 +118,6 @@ class TrainConfig:
             f"max_lag={self.pipeline.max_lag}",
         )
 
-        if self.lora.on:  # (what serves adapters today)
-            uses_vllm = "vllm" in (self.rollout.backend, self.ray.worker_backend)
-            check(
-                not uses_vllm or self.rollout.backend == "local",
-                "lora.rank > 0 needs rollout.backend local or ray with ray.worker_backend "
-                f"local (got rollout.backend={self.rollout.backend}, ray.worker_backend="
-                f"{self.ray.worker_backend}): the vllm backend does not serve adapters yet",
-            )
-
     def policy_lr(self) -> float:
         """The learning rate of what trains in the policy: lora.lr with adapters, else
         policy.lr."""

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import tempfile
@@ -31,12 +32,13 @@ import torch
 from specroll.drafting.eagle3_io import load_eagle3
 from specroll.drafting.trainable import TrainableDraft, save_draft
 from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
+from specroll.model import lora
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 from specroll.model.weights import read_config, save_model
 from specroll.rl.config import TrainConfig
 from specroll.rl.config.rollout import RolloutConfig
-from specroll.rl.replica import Weights
+from specroll.rl.replica import State, Weights, tensors_of
 from specroll.rl.rollout.base import Done, Pending, RolloutBackend
 from specroll.rl.rollout.vllm_patch import patch_expand
 from specroll.rl.rollout.vllm_refit import (
@@ -186,6 +188,9 @@ class VllmRollout(RolloutBackend):
         self.llm = self._start(spec)
         self._plain_policy: HfTensors | None = None  # what it must load when it is made
         self._version = 0
+        self.merge: Callable[[State], State] | None = None
+        """A LoRA policy's refit: its adapters -> the whole policy state, merged
+        (`lora_refit`); None for a policy without adapters."""
         self.refit_s = 0.0
         """Seconds of the last `update_weights` (all engines, prefix-cache resets included)."""
 
@@ -227,6 +232,8 @@ class VllmRollout(RolloutBackend):
     def update_weights(self, version: int, weights: Weights) -> None:
         t0 = time.perf_counter()
         policy, draft = weights.resolve()
+        if self.merge is not None:
+            policy = self.merge(policy)
         hf = policy_tensors(self.cfg, policy)
         hd = draft_tensors(self.draft_cfg, draft) if draft is not None and self.draft_cfg else None
         refit(self.llm, self.cfg, hf, hd)
@@ -340,6 +347,17 @@ def _check_draft(draft_dir: str | Path | None, target: ModelConfig) -> Any:
     return cfg
 
 
+def lora_refit(policy: Transformer) -> Callable[[State], State]:
+    """How a vLLM engine takes a LoRA policy's refits: merged weights. The adapters (all
+    a refit carries) are merged into a kept fp32 copy of the base (`lora.Served`) and the
+    whole policy is loaded (vLLM's LoRA adapters would need its LoRA kernels and a
+    request-level adapter; merged weights serve every request, drafts included)."""
+    model = copy.deepcopy(policy).eval()
+    served = lora.Served(model, merged=True)
+    base = tensors_of(model)
+    return lambda adapters: {**base, **served.state(adapters)}
+
+
 def from_modules(
     rollout_cfg: RolloutConfig,
     policy: Transformer,
@@ -365,7 +383,10 @@ def from_modules(
     if rollout_cfg.depth == "adaptive":
         log(f"vllm: rollout.depth=adaptive is not available in vLLM; fixed k={k}")
     kw = dict(max_batch=rollout_cfg.max_batch, dtype=rollout_cfg.dtype, log=log)
-    return VllmRollout(root / "policy", draft_dir, method, k, **kw)
+    roll = VllmRollout(root / "policy", draft_dir, method, k, **kw)  # (saved merged)
+    if policy.lora_spec is not None:
+        roll.merge = lora_refit(policy)
+    return roll
 
 
 def build(
