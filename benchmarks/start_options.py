@@ -16,12 +16,17 @@ Then: the step at which each bootstrapped draft first reaches the offline draft'
 acceptance (its median over the steps; the bootstrapped draft's as a median of the last
 `WINDOW` steps), and the gap over the last `WINDOW` steps; wall clock to the
 best validation accuracy every option reaches; reward differences: per step, paired by
-step, sign-flip test (samples within a run are clustered: an indication; the run-level
-test needs several seeds per option); a plot (`--plot FILE`).
+step, sign-flip test (samples within a run are clustered: an indication); with several
+runs of an option (one NAME given several times, a seed each), the run-level test: the
+exact permutation test of the runs' mean rewards between every two options
+(`rl_exactness.run_level_p`); a plot (`--plot FILE`).
+
+With several runs per option, the per-step figures (acceptance, reach, gap) are the mean
+over its runs at each step, wall clock to the validation target the median of its runs.
 
 Prints one JSON line.  Run:
   python benchmarks/start_options.py offline=runs/o@1380 policy=runs/p random=runs/r \
-      history=runs/h --plot start_options.png
+      history=runs/h [policy=runs/p-seed1 ...] --plot start_options.png
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rl_exactness import signflip_p  # noqa: E402
+from rl_exactness import run_level_p, signflip_p  # noqa: E402
 
 K = 3
 """Chain depth at which the draft's acceptance length is reported."""
@@ -109,15 +114,38 @@ def reach(run: dict, target: float) -> int | None:
     return None
 
 
+def _mean_run(group: list[dict]) -> dict:
+    """One run of an option as the per-step mean of its runs (the steps all share)."""
+    if len(group) == 1:
+        return group[0]
+    n = min(len(r["steps"]) for r in group)
+
+    def mean(key: str) -> list[float | None]:
+        cols = [[r[key][i] for r in group] for i in range(n)]
+        return [None if None in c else statistics.mean(c) for c in cols]
+
+    return {
+        **group[0],
+        "steps": group[0]["steps"][:n],
+        "reward": mean("reward"),
+        "draft_tau": mean("draft_tau"),
+        "acceptance_length": mean("acceptance_length"),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="NAME=RUN_DIR[@BUILD_S]")
     ap.add_argument("--reference", default="offline", help="the option others are measured against")
     ap.add_argument("--plot", help="write the per-step plot here (PNG)")
     args = ap.parse_args()
-    runs = dict(read_run(s) for s in args.runs)
+    groups: dict[str, list[dict]] = {}
+    for spec in args.runs:
+        name, run = read_run(spec)
+        groups.setdefault(name, []).append(run)
+    runs = {n: _mean_run(g) for n, g in groups.items()}
     ref = runs.get(args.reference)
-    out: dict = {"k": K, "runs": runs}
+    out: dict = {"k": K, "runs": groups}
     if ref is not None and any(t is not None for t in ref["draft_tau"]):
         target = statistics.median(t for t in ref["draft_tau"] if t is not None)
         out["reference_tau"] = round(target, 4)
@@ -129,13 +157,28 @@ def main() -> None:
             for n, r in runs.items()
             if n != args.reference and (last := rolling(r["draft_tau"])[-1]) is not None
         }
-    # wall clock to the best validation accuracy every option reaches
-    common = min(max(r["val_accuracy"].values(), default=0.0) for r in runs.values())
-    to_acc = {}
-    for n, r in runs.items():
+    # wall clock to the best validation accuracy every run reaches (median per option)
+    every = [r for g in groups.values() for r in g]
+    common = min(max(r["val_accuracy"].values(), default=0.0) for r in every)
+
+    def to_val(r: dict) -> float | None:
         step = next((s for s, a in sorted(r["val_accuracy"].items()) if a >= common), None)
-        to_acc[n] = None if step is None else r["clock_s"][r["steps"].index(step)]
+        return None if step is None else r["clock_s"][r["steps"].index(step)]
+
+    to_acc = {}
+    for n, g in groups.items():
+        times = [to_val(r) for r in g]
+        to_acc[n] = None if None in times else statistics.median(times)
     out["val_target"], out["wall_s_to_val_target"] = common, to_acc
+    if all(len(g) > 1 for g in groups.values()):
+        run_means = {n: [statistics.mean(r["reward"]) for r in g] for n, g in groups.items()}
+        out["run_mean_rewards"] = {n: [round(x, 4) for x in v] for n, v in run_means.items()}
+        options = list(groups)
+        out["reward_run_level_p"] = {
+            f"{a}~{b}": round(run_level_p(run_means[a], run_means[b]), 4)
+            for i, a in enumerate(options)
+            for b in options[i + 1 :]
+        }
     names = list(runs)
     out["reward_signflip_p"] = {
         f"{a}~{b}": round(signflip_p(*_paired(runs[a]["reward"], runs[b]["reward"])), 4)

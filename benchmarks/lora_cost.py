@@ -1,0 +1,126 @@
+"""What LoRA saves in the learner, and what a refit costs (issue 48).
+
+For each setting (full fine-tuning, and LoRA at each --ranks), in its own process (peak
+memory is per process): the run's trainer on --preset, one step's rollouts as a fixed
+batch, then --steps updates on it. Reports per setting:
+* train_s: the train stage's seconds per update (median of the updates after the first);
+* state_bytes: what the learner holds for the policy: weights + gradients + AdamW
+  moments (a frozen base has no gradients and no moments);
+* peak_rss_mib: the process's peak resident memory (VmHWM) over the updates;
+* refit: bytes a refit carries to the rollout side and seconds of `update_weights`
+  (median of --steps refits), for each `lora.serve` (merged, adapters).
+Settings run in interleaved order, --repeats times each; medians over repeats.
+
+Prints one JSON line.  Run (about 10 minutes on 2 cores):
+  python benchmarks/lora_cost.py --preset default --ranks 8 32 --steps 5 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _hwm_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def one(preset: str, rank: int, serve: str, steps: int) -> dict:
+    """One setting in this process."""
+    import tempfile
+
+    import torch
+
+    from specroll.model import load_model
+    from specroll.model.hub import resolve
+    from specroll.model.tokenizer import Tokenizer
+    from specroll.rl.algo.batch import Batch
+    from specroll.rl.config import build_config
+    from specroll.rl.replica import Weights
+    from specroll.rl.run.draft import build_draft
+    from specroll.rl.run.trainer import Trainer
+
+    torch.set_num_threads(2)
+    out = tempfile.mkdtemp(prefix="lora-cost-")
+    over = [f"pipeline.out_dir={out}", f"lora.rank={rank}", f"lora.serve={serve}"]
+    cfg = build_config(preset, over)
+    path = resolve(cfg.policy.model)
+    policy, tok = load_model(path), Tokenizer(path)
+    draft = build_draft(cfg, policy, tok, path, log=lambda m: None)
+    t = Trainer(cfg, policy, tok, draft, log=lambda m: None)
+    results = t.rollout.generate(t.task.step_requests(0))
+    adv = torch.tensor([1.0, -1.0] * (len(results) // 2))
+    batch = Batch.from_results(results, adv)
+    learner = t.host.learner
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        t.host.train(batch, None, None, lr=t.cfg.policy_lr())
+        times.append(time.perf_counter() - t0)
+    trained = learner.trained
+    weights = sum(p.numel() * p.element_size() for p in learner.policy.parameters())
+    grads = sum(p.numel() * p.element_size() for p in trained)
+    moments = sum(
+        v.numel() * v.element_size()
+        for s in learner.opt.state.values()
+        for v in s.values()
+        if torch.is_tensor(v) and v.dim() > 0
+    )
+    refits, sent = [], 0
+    for v in range(steps):
+        w = t.host.weights()
+        sent = sum(x.numel() * x.element_size() for x in w.policy.values())
+        t0 = time.perf_counter()
+        t.rollout.update_weights(v + 1, Weights(w.policy, None))
+        refits.append(time.perf_counter() - t0)
+    t.close()
+    return {
+        "train_s": statistics.median(times[1:] or times),
+        "state_bytes": weights + grads + moments,
+        "trained_params": sum(p.numel() for p in trained),
+        "peak_rss_mib": round(_hwm_mib(), 1),
+        "refit_bytes": sent,
+        "refit_s": statistics.median(refits[1:] or refits),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--one", nargs=3, metavar=("RANK", "SERVE", "STEPS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        rank, serve, steps = int(args.one[0]), args.one[1], int(args.one[2])
+        print(json.dumps(one(args.preset, rank, serve, steps)))
+        return
+    settings = [(0, "merged")] + [(r, s) for r in args.ranks for s in ("merged", "adapters")]
+    got: dict[str, list[dict]] = {}
+    for rep in range(args.repeats):
+        for rank, serve in settings:
+            name = "full" if rank == 0 else f"r{rank}-{serve}"
+            cmd = [sys.executable, __file__, "--preset", args.preset]
+            cmd += ["--one", str(rank), serve, str(args.steps)]
+            line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            got.setdefault(name, []).append(json.loads(line.strip().splitlines()[-1]))
+            print(f"repeat {rep}: {name} {got[name][-1]}", file=sys.stderr, flush=True)
+    out = {
+        name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        for name, rows in got.items()
+    }
+    config = {k: v for k, v in vars(args).items() if k != "one"}
+    print(json.dumps({"settings": out, "config": config}))
+
+
+if __name__ == "__main__":
+    main()
