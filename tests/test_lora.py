@@ -87,10 +87,13 @@ def test_speculation_through_the_engine_samples_the_adapted_policy(merged):
     assert chi2_pvalue(counts, exact_joint(spec_model(0), 1.0, 0, 1.0)) < 1e-6
 
 
-def test_only_the_adapters_train_and_hold_optimizer_state(tiny_setup, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_only_the_adapters_train_and_hold_optimizer_state(tiny_setup, tmp_path, dtype):
+    """The base stays bit for bit (fp32, and bf16 autocast over fp32 masters); the
+    adapters move; the optimizer holds state for the adapters alone."""
     from tests.conftest import step_batch
 
-    t = make_trainer(tiny_setup, tmp_path / "run", "lora.rank=4")
+    t = make_trainer(tiny_setup, tmp_path / "run", "lora.rank=4", f"learner.dtype={dtype}")
     base = {k: v.clone() for k, v in t.policy.state_dict().items() if ".lora." not in k}
     before = {k: v.clone() for k, v in lora.adapters(t.policy).items()}
     t.host.train(step_batch(t), None, None, lr=1e-3)

@@ -36,6 +36,7 @@ from specroll.rl.config import TrainConfig
 from specroll.rl.errors import NonFiniteError, Stopped
 from specroll.rl.learner import build_host
 from specroll.rl.learner.schedule import lr_at
+from specroll.rl.replica import Weights
 from specroll.rl.rollout import build_rollout
 from specroll.rl.run import adapters, checkpoint, export, rundir, samples
 from specroll.rl.run.loggers import Loggers, check_installed, open_loggers
@@ -94,7 +95,11 @@ class Trainer:
         self.val_by_source: dict[str, float] = {}
         """The last validation's accuracy per data source ('val_accuracy/<source>')."""
         self.run_dir: rundir.RunDir | None = None
-        self.rollout.update_weights(0, self.host.weights())
+        weights = self.host.weights()
+        self.refit_bytes = _local_bytes(Weights.of(policy, draft))
+        """What each refit carries to the rollout side (a LoRA policy's: its adapters,
+        and the draft), in bytes: the sizes of the tensors a host publishes."""
+        self.rollout.update_weights(0, weights)
 
     def request_stop(self) -> None:
         """Stop at the next stage boundary, save a checkpoint and exit (what Ctrl-C does)."""
@@ -232,6 +237,7 @@ class Trainer:
             refill=groups if cfg.loss.max_refill_rounds else None,
         )
         m.update(groups.scores.metrics())  # reward/<function>: each function's mean
+        m["refit_bytes"] = self.refit_bytes
         n_tok = sum(len(r.token_ids) for r in results)
         m.update(self.shadow.metrics(problems, cfg.data.group_size, t["gen"], n_tok))
         return m
@@ -402,3 +408,9 @@ class Trainer:
                 dtype = cfg.pipeline.export_dtype
                 export.step_export(self.host, self.tok.hf, self.out, self.step, rollout, dtype)
             self._check_stop()
+
+
+def _local_bytes(w: Weights) -> int:
+    """Bytes of the tensors of a (local) weights handle."""
+    parts = [d for d in (w.policy, w.draft) if d]
+    return sum(t.numel() * t.element_size() for d in parts for t in d.values())
