@@ -255,3 +255,21 @@ def test_bad_lora_settings_fail_in_one_line_before_a_model_loads(
     assert train_tiny(tmp_path / "run", "--steps", "1", "--set", setting) == 2
     err = err_text(capsys)
     assert words in err, err
+
+
+def test_the_kl_reference_of_fresh_adapters_is_the_base_without_a_copy(tiny_setup, tmp_path):
+    """With KL on, a LoRA run whose adapters start at zero scores the reference with its
+    adapters off instead of holding a copy of the policy: the same log-probs as a copy of
+    the initial policy, before and after updates (the reference stays the base)."""
+    from tests.conftest import step_batch
+
+    t = make_trainer(tiny_setup, tmp_path / "run", "lora.rank=4", "loss.kl_coef=0.1")
+    learner = t.host.learner
+    assert learner.reference is None and learner.base_reference
+    initial = copy.deepcopy(t.policy)
+    batch = step_batch(t)
+    for _ in range(2):
+        policy_lp, ref_lp = t.host.logprobs(batch)
+        assert torch.equal(ref_lp, learner.logprobs(batch, initial))
+        m = t.host.train(batch, policy_lp, ref_lp, lr=5e-2)
+    assert m["kl"] > 0  # the policy moved away from its reference

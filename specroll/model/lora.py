@@ -18,6 +18,8 @@ refit carries only the adapters.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -195,6 +197,20 @@ def adapters(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def is_adapter(name: str) -> bool:
     return KEY in name
+
+
+@contextmanager
+def disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` without its adapters for the duration: the base policy, e.g. as the KL
+    reference of a run whose adapters started at zero (no copy of the base needed)."""
+    held = [block.lora for block in model.layers]
+    for block in model.layers:
+        block.lora = None
+    try:
+        yield model
+    finally:
+        for block, adapters in zip(model.layers, held, strict=True):
+            block.lora = adapters
 
 
 @torch.no_grad()

@@ -42,7 +42,10 @@ def build_learner(
     if device is None:
         device = learner_device(cfg.learner)
     reference = None
-    if cfg.loss.kl_coef > 0:
+    # fresh adapters start at zero: the reference (the initial policy) is the base, the
+    # policy itself with its adapters off (`lora.disabled`), not a copy of it
+    base_reference = cfg.loss.kl_coef > 0 and policy.lora_spec is not None and not cfg.lora.init
+    if cfg.loss.kl_coef > 0 and not base_reference:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
     if prepare is not None:
         for model in (reference, policy):
@@ -56,6 +59,7 @@ def build_learner(
         draft=draft,
         draft_cfg=cfg.draft,
         reference=reference,
+        base_reference=base_reference,
         decoupled=cfg.pipeline.max_lag > 0,
         device=device,
         dtype=resolve_dtype(cfg.learner.dtype, "learner.dtype"),

@@ -30,6 +30,7 @@ import torch
 
 from specroll.drafting.trainable import TrainableDraft
 from specroll.drafting.ttt import draft_loss as ttt_loss
+from specroll.model import lora
 from specroll.model.transformer import Transformer
 from specroll.rl.algo import loss
 from specroll.rl.algo.batch import Batch, MicroBatch
@@ -64,6 +65,7 @@ class Learner(Scorer):
         draft: TrainableDraft | None = None,
         draft_cfg: DraftConfig | None = None,
         reference: Transformer | None = None,
+        base_reference: bool = False,
         decoupled: bool = False,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
@@ -82,6 +84,9 @@ class Learner(Scorer):
         self.draft = draft if (draft is not None and draft_cfg and draft_cfg.online) else None
         self.dcfg = draft_cfg
         self.reference = reference
+        self.base_reference = base_reference
+        """The KL reference is the policy with its adapters off (a LoRA policy whose
+        adapters started at zero), not the `reference` copy."""
         self.dp = None
         """Data parallelism over ranks (`fsdp.shard.DataParallel`), or None in one process:
         which micro-batches this rank runs, and the sums over ranks."""
@@ -121,6 +126,15 @@ class Learner(Scorer):
             self.draft_opt = torch.optim.AdamW(
                 self.draft.parameters(), lr=draft_cfg.lr, betas=(0.9, 0.95), **_fused(self.device)
             )
+
+    def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
+        """[N, T] the KL reference's log-probs of `batch` (`logprobs`), or None without KL."""
+        if self.reference is not None:
+            return self.logprobs(batch, self.reference)
+        if self.base_reference:
+            with lora.disabled(self.policy):
+                return self.logprobs(batch)
+        return None
 
     # ------------------------------------------------------------------ stage: train
 

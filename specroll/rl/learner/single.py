@@ -34,8 +34,7 @@ class LocalLearnerHost:
 
     def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         lr = self.learner
-        ref = lr.logprobs(batch, lr.reference) if lr.reference is not None else None
-        return lr.logprobs(batch), ref
+        return lr.logprobs(batch), lr.reference_logprobs(batch)
 
     def train(
         self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, lr: float | None = None

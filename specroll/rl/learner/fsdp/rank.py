@@ -66,8 +66,7 @@ class RankLearner:
 
     def logprobs(self, batch: Batch, emit: Callable) -> tuple[torch.Tensor, torch.Tensor | None]:
         lr = self.learner
-        ref = lr.logprobs(batch, lr.reference) if lr.reference is not None else None
-        return lr.logprobs(batch), ref
+        return lr.logprobs(batch), lr.reference_logprobs(batch)
 
     def train(self, batch: Batch, old, ref, lr: float | None, emit: Callable) -> dict:
         return self.learner.train(batch, old, ref, lr=lr)
