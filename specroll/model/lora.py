@@ -240,6 +240,9 @@ class Served:
 
     def __init__(self, model: nn.Module, merged: bool) -> None:
         self.merged = merged
+        self.device: torch.device | None = None
+        """Where the engine's weights are (its owner sets it once they are placed);
+        None: where the adapters come from."""
         self.layers: list[LayerLoRA] = []
         self.base: dict[str, torch.Tensor] = {}
         if not merged:
@@ -254,9 +257,13 @@ class Served:
     @torch.no_grad()
     def state(self, adapter_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The tensors the engine loads for a refit of `adapter_state` (names of the
-        adapters; merged: of the adapted matrices)."""
+        adapters; merged: of the adapted matrices, computed where the engine's weights
+        are: the kept base moves there on the first refit)."""
         if not self.merged:
             return adapter_state
+        if self.base:
+            device = next(iter(adapter_state.values())).device if adapter_state else None
+            self._to(self.device or device)
         for name, t in adapter_state.items():
             i, rest = _split(name)
             self.layers[i].get_parameter(rest).copy_(t)
@@ -265,6 +272,13 @@ class Served:
             i, matrix = _split(name)
             out[name] = base + self.layers[i].delta(matrix).float()
         return out
+
+    def _to(self, device: torch.device | None) -> None:
+        if device is None or next(iter(self.base.values())).device == device:
+            return
+        self.base = {k: v.to(device) for k, v in self.base.items()}
+        for layer in self.layers:
+            layer.to(device)
 
 
 def _split(name: str) -> tuple[int, str]:

@@ -212,6 +212,8 @@ def build(
     twin = replica(draft, model) if uses else None
     engine = build_engine(cfg.rollout, model, twin, prompts, log)
     backend = LocalRollout(engine, cfg.rollout, prompts, log)
+    if served is not None:
+        served.device = next(engine.model.parameters()).device  # merge where it decodes
     backend.served = served
     return backend
 
