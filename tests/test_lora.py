@@ -230,6 +230,7 @@ def _foreign_adapter(tmp_path, **change) -> str:
         ("lora.rank=100000", "lora.rank must be <= 4096"),
         ("lora.rank=4000", "lora.rank=4000 is larger than q_proj of this model"),
         ("lora.serve=unmerged", "lora.serve must be one of ('merged', 'adapters')"),
+        ("lora.targets=[q_proj]", "lora.targets is set but lora.rank=0 trains the whole policy"),
         ("lora.init=FOREIGN", "has shape [4, 48]; this policy needs [4, 64] (an adapter for"),
         ("lora.init=NAMED", "is an adapter for 'HuggingFaceTB/SmolLM2-135M'; this run's policy"),
         ("lora.init=MODULES", "adapts 'embed_tokens', which specroll does not adapt"),

@@ -44,6 +44,18 @@ class LoraConfig:
         check(0 <= self.dropout < 1, f"lora.dropout must be in [0, 1), got {self.dropout}")
         one_of("lora", self, "serve", SERVES)
         expand_targets(self.targets)  # a wrong name: one line naming it and the allowed ones
+        if not self.on:  # a setting of adapters without adapters is a mistake, not a no-op
+            default = LoraConfig.__dataclass_fields__
+            changed = [
+                f
+                for f in ("alpha", "targets", "dropout", "lr", "serve")
+                if getattr(self, f) != default[f].default
+            ]
+            check(
+                not changed,
+                f"lora.{changed[0] if changed else ''} is set but lora.rank=0 trains the whole "
+                "policy without adapters: set lora.rank > 0 (or lora.init) to train adapters",
+            )
 
     @property
     def on(self) -> bool:
