@@ -1,0 +1,118 @@
+"""LoRA against full fine-tuning, and a draft that follows the LoRA policy against one
+frozen at the base (issue 48), compared on finished runs of the same preset and seed.
+
+Runs (`NAME=RUN_DIR`), e.g. on the default preset, 30 steps, fixed depth k = 3 so that
+every decode iteration drafts and the acceptance length is measured at every step, the
+log-probs checked against the learner's at every step:
+  C="--steps 30 --set pipeline.checkpoint_every=0 --set rollout.depth=fixed \\
+     --set rollout.k=3 --set learner.check_every=1 --set draft.init=offline"
+  specroll train --out runs/full $C
+  specroll train --out runs/lora $C --set lora.rank=32
+  specroll train --out runs/lora-frozen $C --set lora.rank=32 --set draft.online=false
+  specroll train --out runs/lora-adapters $C --set lora.rank=32 --set lora.serve=adapters
+  python benchmarks/lora_runs.py full=runs/full lora=runs/lora \\
+      frozen=runs/lora-frozen adapters=runs/lora-adapters --plot lora_runs.png
+
+Per run and step: reward, validation accuracy, the measured acceptance length, the
+engine's log-prob mismatch against the learner (`logprob_mismatch_max`), the train
+stage's seconds and the bytes each refit carried. Prints one JSON line (per-step lists,
+medians, the reward's paired sign-flip p between every two runs: an indication, samples
+within a run are clustered); `--plot`: reward and validation curves, and the acceptance
+length per step, in one figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rl_exactness import signflip_p  # noqa: E402
+
+
+def read_run(spec: str) -> tuple[str, dict]:
+    """NAME=DIR -> (name, per-step figures)."""
+    if "=" not in spec:
+        sys.exit(f"lora_runs.py: expected NAME=RUN_DIR, got {spec!r}")
+    name, path = spec.split("=", 1)
+    f = Path(path) / "metrics.jsonl"
+    if not f.is_file():
+        sys.exit(f"lora_runs.py: {f} does not exist")
+    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    steps = [m for m in rows if "reward" in m]
+    config = json.loads((Path(path) / "config.json").read_text())
+    return name, {
+        "lora": config.get("lora", {}),
+        "lr": steps[0].get("lr") if steps else None,
+        "steps": [m["step"] for m in steps],
+        "reward": [m["reward"] for m in steps],
+        "val_accuracy": {
+            m["step"]: m["val_accuracy"] for m in rows if m.get("val_accuracy") is not None
+        },
+        "acceptance_length": [m.get("acceptance_length") for m in steps],
+        "logprob_mismatch_max": [m.get("logprob_mismatch_max") for m in steps],
+        "train_s": [m["time"]["train"] for m in steps],
+        "refit_bytes": steps[-1].get("refit_bytes") if steps else None,
+    }
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 6) if xs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", help="NAME=RUN_DIR")
+    ap.add_argument("--plot", help="write the figure here (PNG)")
+    args = ap.parse_args()
+    runs = dict(read_run(s) for s in args.runs)
+    summary = {
+        n: {
+            "mean_reward": round(statistics.mean(r["reward"]), 4),
+            "final_val_accuracy": r["val_accuracy"].get(max(r["val_accuracy"], default=0)),
+            "median_acceptance_length": _median(r["acceptance_length"]),
+            "max_logprob_mismatch": max(
+                (x for x in r["logprob_mismatch_max"] if x is not None), default=None
+            ),
+            "median_train_s": _median(r["train_s"][1:]),
+            "refit_bytes": r["refit_bytes"],
+        }
+        for n, r in runs.items()
+    }
+    names = list(runs)
+    pairs = {
+        f"{a}~{b}": round(signflip_p(runs[a]["reward"], runs[b]["reward"]), 4)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if len(runs[a]["reward"]) == len(runs[b]["reward"])
+    }
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+        for n, r in runs.items():
+            line = ax1.plot(r["steps"], r["reward"], alpha=0.6, label=f"{n} reward")[0]
+            val = sorted(r["val_accuracy"].items())
+            ax1.plot(*zip(*val, strict=True), "o--", color=line.get_color(), label=f"{n} val")
+            al = [(s, a) for s, a in zip(r["steps"], r["acceptance_length"], strict=True) if a]
+            if al:
+                ax2.plot(*zip(*al, strict=True), label=n)
+        ax1.set_ylabel("reward / validation accuracy")
+        ax1.legend(fontsize=8)
+        ax2.set_ylabel("acceptance length (measured)")
+        ax2.set_xlabel("step")
+        ax2.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=100)
+    print(json.dumps({"summary": summary, "reward_signflip_p": pairs, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
