@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specroll.engine.iteration import PREFILL_TOKENS
+from specroll.model import lora
 from specroll.model.config import ModelConfig
 from specroll.rl.config import TrainConfig
 
@@ -59,6 +60,17 @@ def _draft_params(cfg: TrainConfig, m: ModelConfig) -> int:
     return _layer_params(m) + H * (m.q_size + 2 * m.kv_size) + 3 * H * H + H * _draft_vocab(cfg, m)
 
 
+def _adapted(cfg: TrainConfig, m: ModelConfig) -> tuple[int, int]:
+    """(adapter parameters, parameters of the matrices they adapt) of a LoRA run; (0, 0)
+    without adapters (or before lora.init's rank is read)."""
+    if cfg.lora.rank <= 0:
+        return 0, 0
+    targets = lora.expand_targets(cfg.lora.targets)
+    shapes = [lora.shape(m, t) for t in targets]
+    adapters = sum(cfg.lora.rank * (i + o) for i, o in shapes) * m.num_layers
+    return adapters, sum(i * o for i, o in shapes) * m.num_layers
+
+
 def _draft_vocab(cfg: TrainConfig, m: ModelConfig) -> int:
     return min(cfg.draft.draft_vocab_size, m.vocab_size)
 
@@ -84,8 +96,11 @@ def _rollout_parts(cfg: TrainConfig, m: ModelConfig, prompt: int, dev: str) -> l
     gen = f"rollout.max_new_tokens={r.max_new_tokens}, rollout.{'nodes' if r.tree else 'k'}={k}"
     weights = f"policy.model, rollout.dtype={r.dtype}"
     cache = f"{batch} x {length} positions ({gen}) x {engines} engine(s)"
+    adapters, adapted = _adapted(cfg, m)
+    if adapters and cfg.lora.serve == "merged":  # the fp32 base of the merged matrices
+        adapters = adapters + adapted * 4 // wb
     return [
-        Part("rollout weights", weights, dev, (m.num_params() + draft) * wb),
+        Part("rollout weights", weights, dev, (m.num_params() + adapters + draft) * wb),
         Part("KV cache", cache, dev, kv * engines),
         Part("engine buffers", f"{batch}, {gen}", dev, slot_bufs * engines + logits + prefill),
     ]
@@ -100,7 +115,14 @@ def _learner_parts(cfg: TrainConfig, m: ModelConfig, prompt: int, dev: str) -> l
     micro = min(p.micro_batch, rows)
     T, resp = prompt + r.max_new_tokens, r.max_new_tokens
     draft = _draft_params(cfg, m) if r.speculative or cfg.draft.online else 0
-    state = 16 * (m.num_params() + draft) + (4 * m.num_params() if cfg.loss.kl_coef else 0)
+    adapters, _ = _adapted(cfg, m)
+    if cfg.lora.on:  # a frozen base: weights only; the adapters train
+        state = 4 * m.num_params() + 16 * (adapters + draft)
+        copied_reference = cfg.loss.kl_coef and cfg.lora.init  # else: the base, no copy
+    else:
+        state = 16 * (m.num_params() + draft)
+        copied_reference = cfg.loss.kl_coef
+    state += 4 * m.num_params() if copied_reference else 0
     per_token_layer = (10 * H + 4 * inter) * ab + m.num_heads * T * 4
     acts = micro * T * per_token_layer * m.num_layers + micro * resp * V * 4 * 2
     if cfg.draft.online:
@@ -111,7 +133,7 @@ def _learner_parts(cfg: TrainConfig, m: ModelConfig, prompt: int, dev: str) -> l
     mb = f"policy.micro_batch={p.micro_batch} (rows {micro}) x {T} tokens"
     step = f"data.prompts_per_step x data.group_size = {rows}"
     return [
-        Part("learner state", "policy.model (fp32 weights, gradients, AdamW)", dev, state),
+        Part("learner state", "policy.model, lora.* (fp32 weights, gradients, AdamW)", dev, state),
         Part("learner activations", mb, dev, acts),
         Part("step samples", step, "cpu", samples),
     ]
