@@ -215,7 +215,7 @@ def _foreign_adapter(tmp_path, **change) -> str:
     other = Transformer(ModelConfig(vocab_size=300, **shape))
     other.init_weights(0)
     lora.attach(other, lora.LoraSpec(4, 8.0, ("q_proj",)))
-    d = peft_io.save(lora.adapters(other), other.lora_spec, tmp_path / "foreign", "tiny-v1")
+    d = peft_io.save(other, tmp_path / "foreign", "tiny-v1")
     if change:
         cfg = json.loads((d / peft_io.CONFIG).read_text()) | change
         (d / peft_io.CONFIG).write_text(json.dumps(cfg))

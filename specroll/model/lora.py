@@ -39,7 +39,6 @@ TARGETS: dict[str, tuple[str, int]] = {
 }
 """Target name (Hugging Face / PEFT) -> (specroll matrix, which column block of it)."""
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP = ("gate_proj", "up_proj", "down_proj")
 ALL = "all-linear"
 """`lora.targets` shorthand for every projection (PEFT's name for it)."""
 KEY = ".lora."
@@ -156,6 +155,12 @@ class LayerLoRA(nn.Module):
         ]
         return torch.cat(cols, dim=1)
 
+    def merged(self, matrix: str, w: torch.Tensor) -> torch.Tensor | None:
+        """`w` (the base of `matrix`) + s * A @ B in fp32: the one merge every path
+        uses (export, `merge`, `Served`); None when no target adapts `matrix`."""
+        delta = self.delta(matrix)
+        return None if delta is None else w.detach().float() + delta.detach().float()
+
     def add(self, matrix: str, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y + the adapters' contribution to `matrix`'s product of h ([.., in] -> [.., out])."""
         blocks = self._blocks.get(matrix)
@@ -192,7 +197,7 @@ def attach(model: nn.Module, spec: LoraSpec, seed: int = 0) -> nn.Module:
 
 def adapters(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapter tensors of `model` by name (detached views); empty without adapters."""
-    return {k: v.detach() for k, v in model.state_dict().items() if KEY in k}
+    return {k: v.detach() for k, v in model.state_dict().items() if is_adapter(k)}
 
 
 def is_adapter(name: str) -> bool:
@@ -223,7 +228,7 @@ def merge(model: nn.Module) -> nn.Module:
             continue
         for matrix in lora._blocks:
             w = getattr(block, matrix)
-            w.copy_((w.float() + lora.delta(matrix).float()).to(w.dtype))
+            w.copy_(lora.merged(matrix, w))
         block.lora = None
     model.lora_spec = None
     return model
@@ -270,7 +275,7 @@ class Served:
         out = {}
         for name, base in self.base.items():
             i, matrix = _split(name)
-            out[name] = base + self.layers[i].delta(matrix).float()
+            out[name] = self.layers[i].merged(matrix, base)
         return out
 
     def _to(self, device: torch.device | None) -> None:

@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from specroll.model import lora
 from specroll.model.config import ModelConfig
 from specroll.model.lora import ATTENTION, TARGETS, LoraSpec, shape
 
@@ -173,12 +174,20 @@ def load(adapter_dir: str | Path, cfg: ModelConfig, spec: LoraSpec) -> dict[str,
     return out
 
 
-def save(adapters: dict[str, torch.Tensor], spec: LoraSpec, out_dir: str | Path, base: str) -> Path:
-    """Write `adapters` (specroll names) as a PEFT LoRA directory for the base `base`."""
+def base_of(model: str) -> str:
+    """`base_name` of a run's `policy.model` (an alias, a directory or a .gguf)."""
+    from specroll.model.hub import resolve
+
+    return base_name(resolve(model))
+
+
+def save(policy: torch.nn.Module, out_dir: str | Path, base: str) -> Path:
+    """Write `policy`'s adapters as a PEFT LoRA directory for the base `base`."""
+    spec = policy.lora_spec
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
-    for name, t in adapters.items():
+    for name, t in lora.adapters(policy).items():
         _, i, _, which, target = name.split(".")
         tensors[peft_name(int(i), target, which)] = t.detach().to(torch.float32).T.contiguous()
     save_file(tensors, out / WEIGHTS, metadata={"format": "pt"})

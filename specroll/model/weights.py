@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specroll.model.config import ModelConfig
+from specroll.model.lora import parts
 from specroll.model.ops import MATRICES
 from specroll.model.transformer import Transformer
 
@@ -170,16 +171,11 @@ def hf_state_dict(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
         for ours, theirs in hf_names(cfg, i).items():
             t = getattr(layer, ours)
             adapters = getattr(layer, "lora", None)  # (a plain view of tensors has none)
-            delta = adapters.delta(ours) if adapters is not None and _is_matrix(ours) else None
-            if delta is not None:
-                t = t.detach().float() + delta.detach().float()
+            merged = adapters.merged(ours, t) if adapters is not None else None
+            t = t if merged is None else merged
             t = t.T if _is_matrix(ours) else t
-            if ours in ("wqkv", "bqkv"):
-                sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
-            elif ours == "w_gate_up":
-                sizes = [cfg.intermediate_size] * 2
-            else:
-                sizes = [t.shape[0]]
+            matrix = "wqkv" if ours == "bqkv" else ours
+            sizes = parts(cfg, matrix) if matrix in MATRICES else [t.shape[0]]
             yield from zip(theirs, t.split(sizes, dim=0), strict=True)
 
 

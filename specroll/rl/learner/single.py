@@ -80,10 +80,7 @@ class LocalLearnerHost:
         """The final policy/ (adapters merged), adapter/ (PEFT, a LoRA policy's), draft/."""
         save_model(self.policy, out / "policy")
         if self.policy.lora_spec is not None:
-            from specroll.model.hub import resolve
-
-            base = peft_io.base_name(resolve(self.model))
-            peft_io.save(lora.adapters(self.policy), self.policy.lora_spec, out / "adapter", base)
+            peft_io.save(self.policy, out / "adapter", peft_io.base_of(self.model))
         if self.draft is not None:
             save_draft(self.draft, out / "draft")
 

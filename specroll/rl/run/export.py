@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from specroll import outputs
 from specroll.drafting.trainable import TrainableDraft, save_draft
-from specroll.model import lora, peft_io
+from specroll.model import peft_io
 from specroll.model.transformer import Transformer
 from specroll.model.weights import save_model
 from specroll.rl.errors import RunError
@@ -201,7 +201,7 @@ def write_adapter(policy: Transformer, dest: Path, base: str) -> Path:
     dest = Path(dest)
     stage = stage_dir(dest)
     try:
-        peft_io.save(lora.adapters(policy), policy.lora_spec, stage, base)
+        peft_io.save(policy, stage, base)
     except (OSError, SafetensorError) as e:
         shutil.rmtree(stage, ignore_errors=True)
         raise _write_failed(dest, peft_io.WEIGHTS, e) from None

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from specroll.device import resolve_dtype
 from specroll.drafting.trainable import save_draft
-from specroll.model import lora, peft_io
+from specroll.model import peft_io
 from specroll.model.untrusted import UnreadableFile, load_tensors
 from specroll.model.weights import save_model
 from specroll.rl.algo.batch import Batch
@@ -106,10 +106,7 @@ class RankLearner:
         if plain is not None:
             save_model(plain, out / "policy")
             if plain.lora_spec is not None:
-                from specroll.model.hub import resolve
-
-                base = peft_io.base_name(resolve(self.cfg.policy.model))
-                peft_io.save(lora.adapters(plain), plain.lora_spec, out / "adapter", base)
+                peft_io.save(plain, out / "adapter", peft_io.base_of(self.cfg.policy.model))
             if self.draft is not None:
                 save_draft(self.draft, out / "draft")
 
