@@ -54,6 +54,10 @@ def _plan(cfg, args: argparse.Namespace, budget: bool = True):
         args.overwrite,
         allow_changed_inputs=args.allow_changed_inputs,
     )
+    if cfg.lora.on:  # the rank and lora.init's adapter against the policy, unloaded
+        from specroll.rl.run.adapters import check_dir
+
+        check_dir(cfg, common.resolve_model_dir(cfg.policy.model))
     if budget and plan.action in ("fresh", "resume"):  # after the directory's verdict
         warning = check_run(cfg, items)
         if warning:
