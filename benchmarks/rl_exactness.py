@@ -24,6 +24,7 @@ import json
 import sys
 import tempfile
 import time
+from itertools import combinations
 
 import torch
 
@@ -89,8 +90,6 @@ def signflip_p(a: list[float], b: list[float], n: int = 20000) -> float:
 
 def run_level_p(a: list[float], b: list[float]) -> float:
     """Exact two-sided permutation p-value of mean(a) - mean(b) over all label splits."""
-    from itertools import combinations
-
     x = a + b
     obs = abs(sum(a) / len(a) - sum(b) / len(b))
     hits = total = 0
@@ -99,6 +98,57 @@ def run_level_p(a: list[float], b: list[float]) -> float:
         sb = [x[i] for i in range(len(x)) if i not in idx]
         total += 1
         hits += abs(sum(sa) / len(sa) - sum(sb) / len(sb)) >= obs - 1e-12
+    return hits / total
+
+
+def _between(groups: list[list[float]]) -> float:
+    """sum_g n_g * mean_g^2: with the pooled values fixed, ordered as the between-group
+    sum of squares (and as the one-way F statistic)."""
+    return sum(sum(g) ** 2 / len(g) for g in groups)
+
+
+def options_p(groups: list[list[float]]) -> float:
+    """Exact permutation p-value that several groups of run means differ at all: the
+    between-group sum of squares over every assignment of the pooled runs to groups of
+    the same sizes (one test of all options, where pairwise tests of few runs cannot
+    reach 0.05; e.g. 4 groups of 3: 369,600 assignments)."""
+    x = [v for g in groups for v in g]
+    sizes = [len(g) for g in groups]
+    obs = _between(groups)
+    hits = total = 0
+
+    def assign(left: list[int], k: int, chosen: list[list[float]]) -> None:
+        nonlocal hits, total
+        if k == len(sizes) - 1:
+            total += 1
+            hits += _between([*chosen, [x[i] for i in left]]) >= obs - 1e-12
+            return
+        for idx in combinations(left, sizes[k]):
+            rest = [i for i in left if i not in idx]
+            assign(rest, k + 1, [*chosen, [x[i] for i in idx]])
+
+    assign(list(range(len(x))), 0, [])
+    return hits / total
+
+
+def blocked_p(table: list[list[float]]) -> float:
+    """Exact permutation p-value that options differ, blocked by seed: `table[s][o]` is
+    option o's run mean at seed s, and the labels permute within each seed only (the
+    seed fixes the prompts and the sampling stream, which move every option's reward
+    together: the spread between seeds need not hide a difference between options)."""
+    from itertools import permutations, product
+
+    n_opt = len(table[0])
+
+    def stat(rows: list[tuple[float, ...]]) -> float:
+        return sum(sum(r[o] for r in rows) ** 2 for o in range(n_opt))
+
+    obs = stat([tuple(r) for r in table])
+    per_seed = [list(permutations(r)) for r in table[1:]]  # the first seed's labels fixed
+    hits = total = 0
+    for rows in product(*per_seed):
+        total += 1
+        hits += stat([tuple(table[0]), *rows]) >= obs - 1e-12
     return hits / total
 
 

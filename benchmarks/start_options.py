@@ -19,7 +19,10 @@ best validation accuracy every option reaches; reward differences: per step, pai
 step, sign-flip test (samples within a run are clustered: an indication); with several
 runs of an option (one NAME given several times, a seed each), the run-level test: the
 exact permutation test of the runs' mean rewards between every two options
-(`rl_exactness.run_level_p`); a plot (`--plot FILE`).
+(`rl_exactness.run_level_p`), and of all options at once (`options_p`: few runs per option
+cannot reach 0.05 pairwise; `blocked_p` when every option ran the same seeds: labels
+permuted within a seed, whose prompts and sampling stream move all options together);
+a plot (`--plot FILE`).
 
 With several runs per option, the per-step figures (acceptance, reach, gap) are the mean
 over its runs at each step, wall clock to the validation target the median of its runs.
@@ -38,7 +41,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rl_exactness import run_level_p, signflip_p  # noqa: E402
+from rl_exactness import blocked_p, options_p, run_level_p, signflip_p  # noqa: E402
 
 K = 3
 """Chain depth at which the draft's acceptance length is reported."""
@@ -179,6 +182,14 @@ def main() -> None:
             for i, a in enumerate(options)
             for b in options[i + 1 :]
         }
+        out["reward_options_p"] = round(options_p(list(run_means.values())), 5)
+        seeds = [sorted(r["seed"] for r in g) for g in groups.values()]
+        if None not in seeds[0] and all(s == seeds[0] for s in seeds):
+            by_seed = {
+                n: {r["seed"]: statistics.mean(r["reward"]) for r in g} for n, g in groups.items()
+            }
+            table = [[by_seed[n][s] for n in groups] for s in seeds[0]]
+            out["reward_options_blocked_p"] = round(blocked_p(table), 5)
     names = list(runs)
     out["reward_signflip_p"] = {
         f"{a}~{b}": round(signflip_p(*_paired(runs[a]["reward"], runs[b]["reward"])), 4)
