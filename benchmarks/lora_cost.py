@@ -6,7 +6,10 @@ batch, then --steps updates on it. Reports per setting:
 * train_s: the train stage's seconds per update (median of the updates after the first);
 * state_bytes: what the learner holds for the policy: weights + gradients + AdamW
   moments (a frozen base has no gradients and no moments);
-* peak_rss_mib: the process's peak resident memory (VmHWM) over the updates;
+* peak_rss_mib: the process's peak resident memory (VmHWM), and peak_live_mib: the peak
+  of what malloc has handed out (`LivePeak`), both over the whole process;
+* gen_tok_s: generated tokens per second of the rollouts of step 0 (the engine serving the
+  policy as `lora.serve` says; median of two warm repeats);
 * refit: bytes a refit carries to the rollout side and seconds of `update_weights`
   (median of --steps refits), for each `lora.serve` (merged, adapters).
 Settings run in interleaved order, --repeats times each; medians over repeats.
@@ -33,6 +36,44 @@ def _hwm_mib() -> float:
     return float("nan")
 
 
+# struct mallinfo2 (<malloc.h>), every field a size_t
+_MALLINFO2 = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+
+
+class LivePeak:
+    """The peak of the bytes malloc has handed out and not taken back (glibc `mallinfo2`:
+    heap in use + mapped blocks), sampled every millisecond in a thread: what the process
+    needs at its peak, which its peak RSS overstates by whatever the never-trimmed heap
+    (`learner.memory.keep_freed_memory`) holds free. NaN without glibc."""
+
+    def __init__(self) -> None:
+        import ctypes
+        import threading
+
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in _MALLINFO2.split()]
+
+        try:
+            self._info = ctypes.CDLL("libc.so.6").mallinfo2
+            self._info.restype = Info
+        except (OSError, AttributeError):
+            self._info = None
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if self._info is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.001):
+            m = self._info()
+            self.peak = max(self.peak, m.uordblks + m.hblkhd)
+
+    def mib(self) -> float:
+        self._stop.set()
+        return round(self.peak / 2**20, 1) if self._info is not None else float("nan")
+
+
 def one(preset: str, rank: int, serve: str, steps: int) -> dict:
     """One setting in this process."""
     import tempfile
@@ -49,6 +90,7 @@ def one(preset: str, rank: int, serve: str, steps: int) -> dict:
     from specroll.rl.run.trainer import Trainer
 
     torch.set_num_threads(2)
+    live = LivePeak()
     out = tempfile.mkdtemp(prefix="lora-cost-")
     over = [f"pipeline.out_dir={out}", f"lora.rank={rank}", f"lora.serve={serve}"]
     cfg = build_config(preset, over)
@@ -57,6 +99,11 @@ def one(preset: str, rank: int, serve: str, steps: int) -> dict:
     draft = build_draft(cfg, policy, tok, path, log=lambda m: None)
     t = Trainer(cfg, policy, tok, draft, log=lambda m: None)
     results = t.rollout.generate(t.task.step_requests(0))
+    gen = []  # warm: the same requests again (their seeds: the same tokens)
+    for _ in range(2):
+        t0 = time.perf_counter()
+        again = t.rollout.generate(t.task.step_requests(0))
+        gen.append(sum(len(r.token_ids) for r in again) / (time.perf_counter() - t0))
     adv = torch.tensor([1.0, -1.0] * (len(results) // 2))
     batch = Batch.from_results(results, adv)
     learner = t.host.learner
@@ -87,6 +134,8 @@ def one(preset: str, rank: int, serve: str, steps: int) -> dict:
         "state_bytes": weights + grads + moments,
         "trained_params": sum(p.numel() for p in trained),
         "peak_rss_mib": round(_hwm_mib(), 1),
+        "peak_live_mib": live.mib(),
+        "gen_tok_s": round(statistics.median(gen), 1),
         "refit_bytes": sent,
         "refit_s": statistics.median(refits[1:] or refits),
     }
