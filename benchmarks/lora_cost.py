@@ -6,16 +6,17 @@ batch, then --steps updates on it. Reports per setting:
 * train_s: the train stage's seconds per update (median of the updates after the first);
 * state_bytes: what the learner holds for the policy: weights + gradients + AdamW
   moments (a frozen base has no gradients and no moments);
-* peak_rss_mib: the process's peak resident memory (VmHWM), and peak_live_mib: the peak
-  of what malloc has handed out (`LivePeak`), both over the whole process;
+* peak_rss_mib: the process's peak resident memory (VmHWM, over the whole process), and
+  peak_live_mib: the peak of what malloc has handed out (`LivePeak`) over one more update
+  after the timed ones and the refits (the engine's copy of the policy resident);
 * gen_tok_s: generated tokens per second of the rollouts of step 0 (the engine serving the
   policy as `lora.serve` says; median of two warm repeats);
 * refit: bytes a refit carries to the rollout side and seconds of `update_weights`
   (median of --steps refits), for each `lora.serve` (merged, adapters).
 Settings run in interleaved order, --repeats times each; medians over repeats.
 
-Prints one JSON line.  Run (about 10 minutes on 2 cores):
-  python benchmarks/lora_cost.py --preset default --ranks 8 32 --steps 5 --repeats 2
+Prints one JSON line.  Run (16 minutes on 2 cores; each repeat adds as much):
+  python benchmarks/lora_cost.py --preset default --ranks 8 32 --steps 4 --repeats 1
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ _MALLINFO2 = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblk
 
 class LivePeak:
     """The peak of the bytes malloc has handed out and not taken back (glibc `mallinfo2`:
-    heap in use + mapped blocks), sampled every millisecond in a thread: what the process
+    heap in use + mapped blocks), sampled every 5 ms in a thread: what the process
     needs at its peak, which its peak RSS overstates by whatever the never-trimmed heap
     (`learner.memory.keep_freed_memory`) holds free. NaN without glibc."""
 
@@ -65,7 +66,7 @@ class LivePeak:
             self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.001):
+        while not self._stop.wait(0.005):
             m = self._info()
             self.peak = max(self.peak, m.uordblks + m.hblkhd)
 
@@ -90,7 +91,6 @@ def one(preset: str, rank: int, serve: str, steps: int) -> dict:
     from specroll.rl.run.trainer import Trainer
 
     torch.set_num_threads(2)
-    live = LivePeak()
     out = tempfile.mkdtemp(prefix="lora-cost-")
     over = [f"pipeline.out_dir={out}", f"lora.rank={rank}", f"lora.serve={serve}"]
     cfg = build_config(preset, over)
@@ -128,13 +128,18 @@ def one(preset: str, rank: int, serve: str, steps: int) -> dict:
         t0 = time.perf_counter()
         t.rollout.update_weights(v + 1, Weights(w.policy, None))
         refits.append(time.perf_counter() - t0)
+    # one more update, sampled: the sampler's calls take malloc's lock and walk its free
+    # lists, which would slow the timed updates (by half on the default preset)
+    live = LivePeak()
+    t.host.train(batch, None, None, lr=t.cfg.policy_lr())
+    peak_live = live.mib()
     t.close()
     return {
         "train_s": statistics.median(times[1:] or times),
         "state_bytes": weights + grads + moments,
         "trained_params": sum(p.numel() for p in trained),
         "peak_rss_mib": round(_hwm_mib(), 1),
-        "peak_live_mib": live.mib(),
+        "peak_live_mib": peak_live,
         "gen_tok_s": round(statistics.median(gen), 1),
         "refit_bytes": sent,
         "refit_s": statistics.median(refits[1:] or refits),
