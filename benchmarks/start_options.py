@@ -20,7 +20,7 @@ step, sign-flip test (samples within a run are clustered: an indication); with s
 runs of an option (one NAME given several times, a seed each), the run-level test: the
 exact permutation test of the runs' mean rewards between every two options
 (`rl_exactness.run_level_p`), and of all options at once (`options_p`: few runs per option
-cannot reach 0.05 pairwise; `blocked_p` when every option ran the same seeds: labels
+cannot reach 0.05 pairwise; `blocked_p` over the seeds every option ran: labels
 permuted within a seed, whose prompts and sampling stream move all options together);
 a plot (`--plot FILE`).
 
@@ -183,13 +183,15 @@ def main() -> None:
             for b in options[i + 1 :]
         }
         out["reward_options_p"] = round(options_p(list(run_means.values())), 5)
-        seeds = [sorted(r["seed"] for r in g) for g in groups.values()]
-        if None not in seeds[0] and all(s == seeds[0] for s in seeds):
-            by_seed = {
-                n: {r["seed"]: statistics.mean(r["reward"]) for r in g} for n, g in groups.items()
-            }
-            table = [[by_seed[n][s] for n in groups] for s in seeds[0]]
+        # blocked by seed over the seeds every option ran (two at least)
+        by_seed = {
+            n: {r["seed"]: statistics.mean(r["reward"]) for r in g} for n, g in groups.items()
+        }
+        common = sorted(set.intersection(*(set(v) for v in by_seed.values())) - {None})
+        if len(common) > 1:
+            table = [[by_seed[n][s] for n in groups] for s in common]
             out["reward_options_blocked_p"] = round(blocked_p(table), 5)
+            out["blocked_seeds"] = common
     names = list(runs)
     out["reward_signflip_p"] = {
         f"{a}~{b}": round(signflip_p(*_paired(runs[a]["reward"], runs[b]["reward"])), 4)
