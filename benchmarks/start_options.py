@@ -185,7 +185,8 @@ def main() -> None:
         out["reward_options_p"] = round(options_p(list(run_means.values())), 5)
         # blocked by seed over the seeds every option ran (two at least)
         by_seed = {
-            n: {r["seed"]: statistics.mean(r["reward"]) for r in g} for n, g in groups.items()
+            n: dict(zip((r["seed"] for r in g), run_means[n], strict=True))
+            for n, g in groups.items()
         }
         common = sorted(set.intersection(*(set(v) for v in by_seed.values())) - {None})
         if len(common) > 1:
