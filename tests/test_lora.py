@@ -114,6 +114,29 @@ def test_a_refit_carries_only_the_adapters(tiny_setup, tmp_path):
     assert sent < 0.05 * sum(p.numel() for p in t.policy.parameters())
 
 
+def test_a_frozen_draft_is_sent_once_and_kept(tiny_setup, tmp_path):
+    """draft.online=false (a draft frozen at its start, what SGLang and vLLM run beside a
+    LoRA target): the refits after the first carry the adapters alone, and the engine
+    keeps drafting with the draft it started with."""
+    over = ("lora.rank=4", "draft.online=false", "pipeline.steps=3")
+    t = make_trainer(tiny_setup, tmp_path / "run", *over)
+    net = t.rollout.engine.drafter.network
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    sent, update = [], t.rollout.update_weights
+
+    def spy(version, weights):
+        sent.append(weights.draft)
+        update(version, weights)
+
+    t.rollout.update_weights = spy
+    rows = t.run()
+    assert len(sent) == 3 and all(d is None for d in sent)
+    assert all(torch.equal(net.state_dict()[k], v) for k, v in start.items())
+    adapters = sum(v.numel() * v.element_size() for v in lora.adapters(t.policy).values())
+    assert [m["refit_bytes"] for m in rows if "reward" in m] == [adapters] * 3
+    assert any(m.get("acceptance_length") for m in rows)
+
+
 @pytest.mark.parametrize("serve", ["merged", "adapters"])
 def test_a_lora_run_keeps_the_engine_on_the_learners_policy(tiny_setup, tmp_path, serve):
     """The engine's log-probs against the learner's recomputation at every step of a

@@ -171,3 +171,21 @@ def test_a_lora_run_on_ray_gives_the_in_process_metrics(local_ray, tiny, tmp_pat
         t.close()
     for a, b in zip(ray_rows, rows, strict=True):
         _same(a, b)
+
+
+def test_a_worker_restarted_mid_run_builds_on_the_frozen_draft(local_ray, tiny, tmp_path):
+    """draft.online=false: refits after the first carry no draft, so a worker that
+    replaces a dead one must build on the draft published first; the run's metrics are
+    those of the same run in process."""
+    over = ("draft.online=false", "lora.rank=4", "lora.lr=1e-2")
+    rows = _trainer(tiny, tmp_path / "a", *over).run()
+    t = _trainer(tiny, tmp_path / "b", *over, "rollout.backend=ray", "ray.workers=2")
+    try:
+        ray_rows = [t.run_step()]
+        local_ray.kill(t.rollout.workers[0], no_restart=True)
+        ray_rows += [t.run_step(), t.run_step()]
+        assert t.rollout.restarts == 1 and ray_rows[-1]["acceptance_length"]
+    finally:
+        t.close()
+    for a, b in zip(ray_rows, rows, strict=True):
+        _same(a, b)

@@ -70,6 +70,8 @@ class Weights:
             return self.policy, self.draft
         import ray
 
+        if self.draft is None:
+            return ray.get(self.policy), None
         policy, draft = ray.get([self.policy, self.draft])
         return policy, draft
 
@@ -79,7 +81,8 @@ class Weights:
             return self
         import ray
 
-        return Weights(ray.put(self.policy), ray.put(self.draft), remote=True)
+        draft = None if self.draft is None else ray.put(self.draft)
+        return Weights(ray.put(self.policy), draft, remote=True)
 
 
 @dataclass(frozen=True)

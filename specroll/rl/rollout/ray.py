@@ -73,13 +73,15 @@ class RolloutWorker:
     def generate(
         self, requests: list[Request], plain: bool, version: int, weights: list
     ) -> Results:
-        """Generate with weights `version` (fetched from `weights` = [policy_ref, draft_ref]
-        — a list, so Ray hands the references over unresolved — if not held already)."""
+        """Generate with weights `version` (fetched from `weights` = [policy_ref,
+        draft_ref or None when the draft is unchanged, the last draft_ref published] — a
+        list, so Ray hands the references over unresolved — if not held already). A new
+        backend is built on the last draft published, the one the others hold."""
         if self.version != version:
-            update = Weights(*weights, remote=True)
+            update = Weights(weights[0], weights[1], remote=True)
             with torch.no_grad():
                 if self.backend is None:
-                    policy, draft = update.resolve()
+                    policy, draft = Weights(weights[0], weights[2], remote=True).resolve()
                     if self.base:
                         import ray
 
@@ -116,6 +118,8 @@ class RayRollout(RolloutBackend):
         self.workers = [self._spawn() for _ in range(cfg.ray.workers)]
         self._version = -1
         self.weights: list = []
+        self._draft = None
+        """The last draft published (a reference): what a new or restarted worker builds on."""
         self.restarts = 0
 
     @property
@@ -132,7 +136,9 @@ class RayRollout(RolloutBackend):
         if not self.speculative:
             weights = dataclasses.replace(weights, draft=None)
         remote = weights.put()
-        self.weights = [remote.policy, remote.draft]
+        if remote.draft is not None:  # None: unchanged (a frozen draft's refits)
+            self._draft = remote.draft
+        self.weights = [remote.policy, remote.draft, self._draft]
         self._version = version
 
     def submit(self, requests: Sequence[Request]) -> Pending:

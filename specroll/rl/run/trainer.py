@@ -96,9 +96,10 @@ class Trainer:
         """The last validation's accuracy per data source ('val_accuracy/<source>')."""
         self.run_dir: rundir.RunDir | None = None
         weights = self.host.weights()
-        self.refit_bytes = _local_bytes(Weights.of(policy, draft))
+        self.refit_bytes = _local_bytes(Weights.of(policy, draft if cfg.draft.online else None))
         """What each refit carries to the rollout side (a LoRA policy's: its adapters,
-        and the draft), in bytes: the sizes of the tensors a host publishes."""
+        and the draft unless it is frozen), in bytes: the sizes of the tensors a host
+        publishes."""
         self.rollout.update_weights(0, weights)
 
     def request_stop(self) -> None:
@@ -216,7 +217,10 @@ class Trainer:
     def _prepare(self) -> None:
         """Publish the new weights to the rollout side (version step + 1)."""
         self.step += 1
-        self.rollout.update_weights(self.step, self.host.weights())
+        weights = self.host.weights()
+        if not self.cfg.draft.online:  # a frozen draft: the rollout side keeps the one it has
+            weights = dataclasses.replace(weights, draft=None)
+        self.rollout.update_weights(self.step, weights)
 
     def _metrics(
         self, t: dict, problems: list, groups: StepGroups, lag: dict, train_metrics: dict
