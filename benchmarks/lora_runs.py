@@ -1,24 +1,27 @@
 """LoRA against full fine-tuning, and a draft that follows the LoRA policy against one
 frozen at the base (issue 48), compared on finished runs of the same preset and seed.
 
-Runs (`NAME=RUN_DIR`), e.g. on the default preset, 30 steps, fixed depth k = 3 so that
-every decode iteration drafts and the acceptance length is measured at every step, the
-log-probs checked against the learner's at every step:
+Runs (`NAME=RUN_DIR`), e.g. on the default preset, 30 steps, fixed depth k = 3 (drafting
+whenever at most `rollout.spec_max_batch` = 4 rows are active: a batch's tail, 12-28 %
+of the decode iterations here) so that the acceptance length is measured at every step,
+the log-probs checked against the learner's at every step:
   C="--steps 30 --set pipeline.checkpoint_every=0 --set rollout.depth=fixed \\
      --set rollout.k=3 --set learner.check_every=1 --set draft.init=offline"
   specroll train --out runs/full $C
   specroll train --out runs/lora $C --set lora.rank=32
   specroll train --out runs/lora-frozen $C --set lora.rank=32 --set draft.online=false
   specroll train --out runs/lora-adapters $C --set lora.rank=32 --set lora.serve=adapters
+  specroll train --out runs/lora-lr5e-6 $C --set lora.rank=32 --set lora.lr=5e-6
   python benchmarks/lora_runs.py full=runs/full lora=runs/lora \\
-      frozen=runs/lora-frozen adapters=runs/lora-adapters --plot lora_runs.png
+      frozen=runs/lora-frozen adapters=runs/lora-adapters lora-lr5e-6=runs/lora-lr5e-6 \\
+      --plot lora_runs.png
 
 Per run and step: reward, validation accuracy, the measured acceptance length, the
 engine's log-prob mismatch against the learner (`logprob_mismatch_max`), the train
 stage's seconds and the bytes each refit carried. Prints one JSON line (per-step lists,
 medians, the reward's paired sign-flip p between every two runs: an indication, samples
 within a run are clustered); `--plot`: reward and validation curves, and the acceptance
-length per step, in one figure.
+length and the log-prob mismatch per step, in one figure.
 """
 
 from __future__ import annotations
@@ -53,10 +56,23 @@ def read_run(spec: str) -> tuple[str, dict]:
             m["step"]: m["val_accuracy"] for m in rows if m.get("val_accuracy") is not None
         },
         "acceptance_length": [m.get("acceptance_length") for m in steps],
+        "drafted_iters": [sum((m.get("depth_hist") or [0])[1:]) for m in steps],
         "logprob_mismatch_max": [m.get("logprob_mismatch_max") for m in steps],
         "train_s": [m["time"]["train"] for m in steps],
         "refit_bytes": steps[-1].get("refit_bytes") if steps else None,
     }
+
+
+def _weighted_al(r: dict, first: int = 0) -> float | None:
+    """Acceptance length over the drafting iterations of steps[first:] (each step's AL
+    weighted by how many of its iterations drafted, as the run's report does)."""
+    pairs = [
+        (a, n)
+        for a, n in zip(r["acceptance_length"][first:], r["drafted_iters"][first:], strict=True)
+        if a and n
+    ]
+    total = sum(n for _, n in pairs)
+    return round(sum(a * n for a, n in pairs) / total, 4) if total else None
 
 
 def _median(xs: list) -> float | None:
@@ -75,6 +91,8 @@ def main() -> None:
             "mean_reward": round(statistics.mean(r["reward"]), 4),
             "final_val_accuracy": r["val_accuracy"].get(max(r["val_accuracy"], default=0)),
             "median_acceptance_length": _median(r["acceptance_length"]),
+            "acceptance_length": _weighted_al(r),
+            "acceptance_length_last10": _weighted_al(r, first=-10),
             "max_logprob_mismatch": max(
                 (x for x in r["logprob_mismatch_max"] if x is not None), default=None
             ),
@@ -96,7 +114,7 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+        fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
         for n, r in runs.items():
             line = ax1.plot(r["steps"], r["reward"], alpha=0.6, label=f"{n} reward")[0]
             val = sorted(r["val_accuracy"].items())
@@ -104,11 +122,17 @@ def main() -> None:
             al = [(s, a) for s, a in zip(r["steps"], r["acceptance_length"], strict=True) if a]
             if al:
                 ax2.plot(*zip(*al, strict=True), label=n)
+            lp = [(s, x) for s, x in zip(r["steps"], r["logprob_mismatch_max"], strict=True) if x]
+            if lp:
+                ax3.plot(*zip(*lp, strict=True), label=n)
         ax1.set_ylabel("reward / validation accuracy")
         ax1.legend(fontsize=8)
         ax2.set_ylabel("acceptance length (measured)")
-        ax2.set_xlabel("step")
         ax2.legend()
+        ax3.set_yscale("log")
+        ax3.set_ylabel("logprob_mismatch_max\n(engine vs learner)")
+        ax3.set_xlabel("step")
+        ax3.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=100)
     print(json.dumps({"summary": summary, "reward_signflip_p": pairs, "runs": runs}))
