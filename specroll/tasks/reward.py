@@ -20,6 +20,7 @@ fn(prompt, completion, record) -> float, with the ground truth in record["answer
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -101,6 +102,18 @@ def gold_answer(gold: str) -> str:
     return extract_answer(gold) or gold.strip()
 
 
+@functools.cache
+def _math_verify() -> tuple[Callable, Callable]:
+    """math-verify's parse and verify, warmed once under a loose bound: its first parse loads
+    the LaTeX grammar and sympy's parsers, which on a cold or busy machine takes more than
+    MATH_VERIFY_TIMEOUT_S and would score a right answer 0."""
+    from math_verify import parse, verify
+
+    one = parse("$1$", parsing_timeout=60)  # (0 would disable it, with a warning printed)
+    verify(one, parse("$1 + 0$", parsing_timeout=60), timeout_seconds=60)
+    return parse, verify
+
+
 def math_reward(completion: str, gold: str) -> float:
     """1.0 if the extracted answer equals `gold` under math-verify, else 0.0 (also when
     either is longer than MAX_ANSWER_CHARS)."""
@@ -110,8 +123,7 @@ def math_reward(completion: str, gold: str) -> float:
     truth = gold_answer(gold)
     if len(truth) > MAX_ANSWER_CHARS:
         return 0.0
-    from math_verify import parse, verify
-
+    parse, verify = _math_verify()
     try:
         t = MATH_VERIFY_TIMEOUT_S
         got = verify(
@@ -157,10 +169,10 @@ NEEDS_ANSWER = ("math", "exact_match")
 
 
 def builtin(name: str) -> Callable[[str, str, dict], float]:
-    """The built-in `name` with the libraries it calls imported (math-verify takes ~0.4 s:
+    """The built-in `name` with the libraries it calls loaded (math-verify takes ~0.4 s:
     paid when the worker loads, not by the first call under its timeout)."""
     if name == "math":
-        import math_verify  # noqa: F401
+        _math_verify()
 
     return BUILTINS[name]
 
