@@ -35,6 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from rl_exactness import signflip_p  # noqa: E402
 
+from specroll.rl.run.report import acceptance_length_mean  # noqa: E402
+
 
 def read_run(spec: str) -> tuple[str, dict]:
     """NAME=DIR -> (name, per-step figures)."""
@@ -56,23 +58,12 @@ def read_run(spec: str) -> tuple[str, dict]:
             m["step"]: m["val_accuracy"] for m in rows if m.get("val_accuracy") is not None
         },
         "acceptance_length": [m.get("acceptance_length") for m in steps],
-        "drafted_iters": [sum((m.get("depth_hist") or [0])[1:]) for m in steps],
+        "acceptance_length_mean": acceptance_length_mean(steps),
+        "acceptance_length_last10": acceptance_length_mean(steps[-10:]),
         "logprob_mismatch_max": [m.get("logprob_mismatch_max") for m in steps],
         "train_s": [m["time"]["train"] for m in steps],
         "refit_bytes": steps[-1].get("refit_bytes") if steps else None,
     }
-
-
-def _weighted_al(r: dict, first: int = 0) -> float | None:
-    """Acceptance length over the drafting iterations of steps[first:] (each step's AL
-    weighted by how many of its iterations drafted, as the run's report does)."""
-    pairs = [
-        (a, n)
-        for a, n in zip(r["acceptance_length"][first:], r["drafted_iters"][first:], strict=True)
-        if a and n
-    ]
-    total = sum(n for _, n in pairs)
-    return round(sum(a * n for a, n in pairs) / total, 4) if total else None
 
 
 def _median(xs: list) -> float | None:
@@ -91,8 +82,8 @@ def main() -> None:
             "mean_reward": round(statistics.mean(r["reward"]), 4),
             "final_val_accuracy": r["val_accuracy"].get(max(r["val_accuracy"], default=0)),
             "median_acceptance_length": _median(r["acceptance_length"]),
-            "acceptance_length": _weighted_al(r),
-            "acceptance_length_last10": _weighted_al(r, first=-10),
+            "acceptance_length": r["acceptance_length_mean"],
+            "acceptance_length_last10": r["acceptance_length_last10"],
             "max_logprob_mismatch": max(
                 (x for x in r["logprob_mismatch_max"] if x is not None), default=None
             ),

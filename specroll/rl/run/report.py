@@ -129,6 +129,18 @@ def step_line(m: dict, steps: int) -> str:
     return "  ".join(parts)
 
 
+def acceptance_length_mean(steps: list[dict]) -> float | None:
+    """AL per drafting iteration over steps' metrics: each step's AL weighted by how many
+    of its decode iterations drafted (None when none did)."""
+    weighted = [
+        (r["acceptance_length"], speculated(r.get("depth_hist"))[0])
+        for r in steps
+        if r.get("acceptance_length")
+    ]
+    n = sum(w for _, w in weighted)
+    return round(sum(a * w for a, w in weighted) / n, 4) if n else None
+
+
 def summarise(rows: list[dict]) -> dict:
     """Headline figures of a run from its metrics lines."""
     steps = [r for r in rows if "time" in r]
@@ -144,14 +156,7 @@ def summarise(rows: list[dict]) -> dict:
     out["step_mean_s"] = round(total, 3)
     out["gen_share"] = round(stage["gen"] / total, 4) if total else None
     out["deepest_draft"] = max((deepest(r.get("depth_hist")) for r in steps), default=0)
-    # AL per drafting iteration: steps weighted by how many iterations drafted
-    weighted = [
-        (r["acceptance_length"], speculated(r.get("depth_hist"))[0])
-        for r in steps
-        if r.get("acceptance_length")
-    ]
-    n = sum(w for _, w in weighted)
-    out["acceptance_length_mean"] = round(sum(a * w for a, w in weighted) / n, 4) if n else None
+    out["acceptance_length_mean"] = acceptance_length_mean(steps)
     counts = [speculated(r.get("depth_hist")) for r in steps]
     drafted, iters = sum(d for d, _ in counts), sum(i for _, i in counts)
     out["speculated_share"] = round(drafted / iters, 4) if iters else None
