@@ -62,6 +62,9 @@ from specroll.model.hub import home, resolve
 from specroll.model.tokenizer import Tokenizer
 from specroll.tasks.sets import encode, prompt_set
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_io import Parser, output  # noqa: E402
+
 DRAFT_FIELDS = ("draft_fixed", "draft_per_row", "draft_step", "draft_step_per_row")
 
 
@@ -118,7 +121,7 @@ def requests(tok, args, seed: int) -> list[Request]:
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
@@ -131,7 +134,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--wrong", default="draft=0.1,per_token=0.2", help="scales of the profile")
     ap.add_argument("--modes", default="plain,adaptive,wrong,wrong_nocal,k0")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    ap.add_argument("--out", default="", help="also write the JSON here")
+    ap.add_argument("--out", type=output, default="", help="also write the JSON here")
     ap.add_argument(
         "--save-wrong", default="", help="write the wrong profile here (for rollout.profile=)"
     )

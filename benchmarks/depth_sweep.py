@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -43,6 +45,9 @@ from specroll.rl.config import build_config
 from specroll.rl.run.draft import build_draft
 from specroll.sim.rollout import Speculation, simulate_replica
 from specroll.tasks.sets import encode, math_problems
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_io import Parser, output  # noqa: E402
 
 
 def requests(tok, prompts: int, samples: int, new_tokens: int, seed: int) -> list[Request]:
@@ -66,7 +71,7 @@ def conditional(per_position: list[float]) -> list[float]:
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
@@ -74,7 +79,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--k-max", type=int, default=7)
     ap.add_argument("--profile", default="", help="hardware profile (default: cached/measured)")
-    ap.add_argument("--out", default="", help="also write the JSON here")
+    ap.add_argument("--out", type=output, default="", help="also write the JSON here")
     return ap.parse_args()
 
 

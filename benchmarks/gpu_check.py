@@ -69,6 +69,9 @@ from specroll.engine.profile import RandomTree
 from specroll.model import ModelConfig, Transformer
 from specroll.model.weights import for_inference
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_io import Parser, output  # noqa: E402
+
 HF_FIELDS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
              "tie_word_embeddings", "rope_theta", "max_position_embeddings")  # fmt: skip
@@ -532,7 +535,7 @@ class Check:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda (the check) or cpu (dry run)")
     ap.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--batches", help="comma-separated batch sizes")
@@ -551,7 +554,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="joint",
         help="pytest -k of tests/test_gpu.py (default: the chi-square tests; '' = all)",
     )
-    ap.add_argument("--out", default="", help="also write the final JSON here")
+    ap.add_argument("--out", type=output, default="", help="also write the final JSON here")
     args = ap.parse_args(argv)
     for flag, check in (("--device", check_device_name), ("--dtype", check_dtype_name)):
         value = getattr(args, flag[2:])

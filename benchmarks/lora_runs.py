@@ -26,13 +26,13 @@ length and the log-prob mismatch per step, in one figure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_io import Parser, fail, metrics_rows, output, run_config, run_spec  # noqa: E402
 from rl_exactness import signflip_p  # noqa: E402
 
 from specroll.rl.run.report import acceptance_length_mean  # noqa: E402
@@ -40,15 +40,12 @@ from specroll.rl.run.report import acceptance_length_mean  # noqa: E402
 
 def read_run(spec: str) -> tuple[str, dict]:
     """NAME=DIR -> (name, per-step figures)."""
-    if "=" not in spec:
-        sys.exit(f"lora_runs.py: expected NAME=RUN_DIR, got {spec!r}")
-    name, path = spec.split("=", 1)
-    f = Path(path) / "metrics.jsonl"
-    if not f.is_file():
-        sys.exit(f"lora_runs.py: {f} does not exist")
-    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    name, path, _ = run_spec(spec)
+    rows = metrics_rows(path)
     steps = [m for m in rows if "reward" in m]
-    config = json.loads((Path(path) / "config.json").read_text())
+    if not steps:
+        fail(f"{spec!r}: {path / 'metrics.jsonl'} has no training step yet")
+    config = run_config(path)
     return name, {
         "lora": config.get("lora", {}),
         "lr": steps[0].get("lr") if steps else None,
@@ -61,7 +58,7 @@ def read_run(spec: str) -> tuple[str, dict]:
         "acceptance_length_mean": acceptance_length_mean(steps),
         "acceptance_length_last10": acceptance_length_mean(steps[-10:]),
         "logprob_mismatch_max": [m.get("logprob_mismatch_max") for m in steps],
-        "train_s": [m["time"]["train"] for m in steps],
+        "train_s": [m.get("time", {}).get("train") for m in steps],
         "refit_bytes": steps[-1].get("refit_bytes") if steps else None,
     }
 
@@ -72,9 +69,9 @@ def _median(xs: list) -> float | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="NAME=RUN_DIR")
-    ap.add_argument("--plot", help="write the figure here (PNG)")
+    ap.add_argument("--plot", type=output, help="write the figure here (PNG)")
     args = ap.parse_args()
     runs = dict(read_run(s) for s in args.runs)
     summary = {

@@ -23,12 +23,15 @@ includes the shadow drafters' one-time cost profiles: `--skip-steps 1` leaves it
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from rl_exactness import signflip_p  # a sibling script: paired sign-flip p-value
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_io import Parser, metrics_rows, output, run_config  # noqa: E402
 
 FIELDS = ("acceptance_length", "tokens_per_iter", "gen_rate_speedup", "reward")
 
@@ -76,12 +79,14 @@ def acceptance(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("run", help="a run's out_dir (its run/metrics.jsonl is read)")
-    ap.add_argument("--out", default="", help="PNG to write")
+    ap.add_argument("--out", type=output, default="", help="PNG to write")
     ap.add_argument("--skip-steps", default="", help="comma list of steps to leave out")
     ap.add_argument("--late", type=int, default=20, help="steps counted as late")
-    ap.add_argument("--acceptance-out", default="", help="sim_history input JSON to write")
+    ap.add_argument(
+        "--acceptance-out", type=output, default="", help="sim_history input JSON to write"
+    )
     ap.add_argument("--tree-fixed-ms", type=float, default=0.0, help="written with it")
     args = ap.parse_args()
     root = Path(args.run)
@@ -90,11 +95,9 @@ def main() -> None:
         path = root / "metrics.jsonl"
     if not path.is_file():
         raise SystemExit(f"{root}: no metrics.jsonl (give a run's out_dir)")
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    cfg_path = path.parent / "config.json"
+    lines = metrics_rows(path.parent)
     own, kind = "run", "eagle3"
-    if cfg_path.is_file():
-        run_cfg = json.loads(cfg_path.read_text())
+    if run_cfg := run_config(path.parent):
         own = run_cfg.get("rollout", {}).get("drafter", own)
         # runs before rollout.drafter named the network kept it in draft.kind
         kind = run_cfg.get("draft", {}).get("kind") or own.removeprefix("history+")

@@ -20,8 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import replace
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_io import metrics_rows  # noqa: E402
 
 from specroll.engine.costmodel import CostModel
 from specroll.model.hub import home
@@ -62,7 +66,7 @@ def main() -> None:
     for f in (root / "metrics.jsonl", root / "config.json", Path(args.acceptance)):
         if not f.is_file():
             raise SystemExit(f"{f}: no such file")
-    lines = [json.loads(x) for x in (root / "metrics.jsonl").read_text().splitlines() if x]
+    lines = metrics_rows(root)
     cfg = json.loads((root / "config.json").read_text())
     phases = json.loads(Path(args.acceptance).read_text())
     if not isinstance(phases.get(args.phase), dict):

@@ -34,13 +34,13 @@ Prints one JSON line.  Run:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_io import Parser, fail, metrics_rows, output, run_config, run_spec  # noqa: E402
 from rl_exactness import blocked_p, options_p, run_level_p, signflip_p  # noqa: E402
 
 K = 3
@@ -60,22 +60,18 @@ def tau(accept: list[float], k: int = K) -> float:
 
 def read_run(spec: str) -> tuple[str, dict]:
     """NAME=DIR[@BUILD_S] → (name, per-run figures)."""
-    if "=" not in spec:
-        sys.exit(f"start_options.py: expected NAME=RUN_DIR[@BUILD_S], got {spec!r}")
-    name, rest = spec.split("=", 1)
-    path, _, build = rest.partition("@")
-    f = Path(path) / "metrics.jsonl"
-    if not f.is_file():
-        sys.exit(f"start_options.py: {f} does not exist")
-    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    name, path, build = run_spec(spec, seconds=True)
+    rows = metrics_rows(path)
     steps = [m for m in rows if "reward" in m]
+    if not steps:
+        fail(f"{spec!r}: {path / 'metrics.jsonl'} has no training step yet")
     val = {m["step"]: m["val_accuracy"] for m in rows if m.get("val_accuracy") is not None}
-    clock, t = [], float(build or 0)
+    clock, t = {0: build}, build  # wall clock at the end of each step (step 0: the start)
     for m in steps:
         t += m.get("step_s", 0.0)
-        clock.append(round(t, 1))
+        clock[m["step"]] = round(t, 1)
     return name, {
-        "build_s": float(build or 0),
+        "build_s": build,
         "steps": [m["step"] for m in steps],
         "reward": [m["reward"] for m in steps],
         "draft_accept": [m.get("draft_accept") for m in steps],
@@ -88,9 +84,7 @@ def read_run(spec: str) -> tuple[str, dict]:
         },
         "val_accuracy": val,
         "clock_s": clock,
-        "seed": json.loads((Path(path) / "config.json").read_text())["pipeline"]["seed"]
-        if (Path(path) / "config.json").is_file()
-        else None,
+        "seed": run_config(path).get("pipeline", {}).get("seed"),
     }
 
 
@@ -137,10 +131,10 @@ def _mean_run(group: list[dict]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="NAME=RUN_DIR[@BUILD_S]")
     ap.add_argument("--reference", default="offline", help="the option others are measured against")
-    ap.add_argument("--plot", help="write the per-step plot here (PNG)")
+    ap.add_argument("--plot", type=output, help="write the per-step plot here (PNG)")
     args = ap.parse_args()
     groups: dict[str, list[dict]] = {}
     for spec in args.runs:
@@ -166,7 +160,7 @@ def main() -> None:
 
     def to_val(r: dict) -> float | None:
         step = next((s for s, a in sorted(r["val_accuracy"].items()) if a >= common), None)
-        return None if step is None else r["clock_s"][r["steps"].index(step)]
+        return None if step is None else r["clock_s"].get(step)
 
     to_acc = {}
     for n, g in groups.items():

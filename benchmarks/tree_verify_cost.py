@@ -16,9 +16,9 @@ itself costs (mask, walk, path compaction), the term the simulator adds to a cha
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,9 +32,12 @@ from specroll.engine.profile import RandomTree
 from specroll.model import ModelConfig, Transformer
 from specroll.model.weights import for_inference
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_io import Parser, output  # noqa: E402
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="an HF config.json of the policy")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
@@ -44,7 +47,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--chains", default="", help="chain widths to time beside the trees")
-    ap.add_argument("--out", default="", help="also write the final JSON here")
+    ap.add_argument("--out", type=output, default="", help="also write the final JSON here")
     args = ap.parse_args()
     cfg = ModelConfig.from_hf(json.loads(Path(args.config).read_text()))
     model = for_inference(Transformer(cfg).init_weights(0), args.device, getattr(torch, args.dtype))

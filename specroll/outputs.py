@@ -138,6 +138,13 @@ def holder(directory: str | Path) -> str:
         return "held by another process"
 
 
+def _umask() -> int:
+    """This process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside `path`; renamed over it when the block ends without error
@@ -147,6 +154,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        # mkstemp makes the file private (0600); the result gets the mode any new file
+        # gets (0644 under umask 022), so a server under another user can read an export
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -41,7 +41,7 @@ def test_rope_roll_equals_rotate_half_bit_for_bit_and_in_gradient():
     cfg = ModelConfig(vocab_size=97, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2)
     rot = Rotary(cfg)
     pos = torch.tensor([[0, 1, 2, 3], [100, 7, 31, 2047 % cfg.max_position_embeddings]])
-    cos, sin = rot(pos)  # [B, T, 1, hd]; sin carries rotate-half's sign
+    cos, sin = rot(pos, 2048)  # [B, T, 1, hd]; sin carries rotate-half's sign
     half = cfg.head_dim // 2
     plain_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # transformers' table
     assert torch.equal(plain_sin[..., :half], plain_sin[..., half:])  # [s, s], as HF builds it

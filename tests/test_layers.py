@@ -3,7 +3,7 @@ learner can be added on one seam without touching the layers below it.
 
     model <- spec <- drafters (proposers) <- engine <- drafting (data, training, eval) <- rl <- cli
 
-`tasks`, `sim`, `progress`, `device` and `outputs` are leaves: they import nothing of the
+`tasks`, `sim`, `progress`, `device`, `outputs` and `inputs` are leaves: they import nothing of the
 project, and any layer may import them. `sim` (the cost model and the cluster simulator)
 also imports neither torch nor rich nor matplotlib, so it can run where the runtime cannot
 be installed.
@@ -30,7 +30,7 @@ import specroll
 
 ROOT = Path(specroll.__file__).parent
 RANK = {"model": 0, "spec": 1, "drafters": 2, "engine": 3, "drafting": 4, "rl": 5, "cli": 6}
-LEAVES = {"tasks", "sim", "progress", "device", "outputs"}
+LEAVES = {"tasks", "sim", "progress", "device", "outputs", "inputs"}
 SIM_FORBIDDEN = ("torch", "rich", "matplotlib")
 """What `sim` may not import, at any level of any of its files."""
 

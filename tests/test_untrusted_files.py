@@ -470,7 +470,7 @@ def test_a_model_whose_config_implies_more_than_its_weights_is_refused(home_of, 
     d = tmp_path / "model"
     shutil.copytree(resolve("tiny"), d)
     cfg = json.loads((d / "config.json").read_text())
-    cfg["intermediate_size"] = 1 << 40
+    cfg["intermediate_size"] = 1 << 17  # within the size limits, beyond the weights
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="config.json describes .* parameters; the weight"):
         load_model(d)

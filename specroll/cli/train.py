@@ -40,7 +40,15 @@ def _plan(cfg, args: argparse.Namespace, budget: bool = True):
 
     outputs.check_dir(cfg.pipeline.out_dir, "--out")
     check_installed(cfg)  # a logger's missing package (wandb, mlflow) before any model
-    items = task_items(cfg)
+    with common.progress_bar() as bar:  # a large data file takes seconds
+        reading: dict[str, int] = {}
+
+        def on_read(name: str, done: int, total: int) -> None:
+            if name not in reading:
+                reading[name] = bar.add_task(f"reading {name} (lines)", total=total)
+            bar.update(reading[name], completed=done, total=total)
+
+        items = task_items(cfg, on_read)
     # (Ray workers and actors resolve theirs where they run)
     if cfg.rollout.backend == "local":
         resolve_device(cfg.rollout.device, "rollout.device")

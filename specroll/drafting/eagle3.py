@@ -233,12 +233,12 @@ class Eagle3Head(nn.Module):
             if tuple(cache.k.shape) != shape:
                 raise ValueError(f"cache shape {tuple(cache.k.shape)} is not this head's")
         if unroll is not None:
-            pos, mask, cache_len = unroll.pos, unroll.mask, 0
+            pos, mask, cache_len, top = unroll.pos, unroll.mask, 0, unroll.top
         else:
-            pos, mask, cache_len = attention_layout(
+            pos, mask, cache_len, top = attention_layout(
                 c, tokens, positions, cache, slot_start, max_start
             )
-        cos, sin = self.rotary(pos)  # [B, T, 1, hd] each
+        cos, sin = self.rotary(pos, top)  # [B, T, 1, hd] each
         pk = self._packed_weights() or {}
         eps = cfg.rms_norm_eps
 

@@ -13,6 +13,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head, Embed
+from specroll.inputs import check_finite, read_json, regular, regular_entries
 from specroll.model.config import ModelConfig, check_draft_size
 from specroll.model.transformer import Transformer
 from specroll.outputs import atomic_path, write_text
@@ -54,26 +55,29 @@ def save_eagle3(head: Eagle3Head, out_dir: str | Path) -> None:
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """`path`/config.json as a dict; ValueError naming the file when it is not JSON or
-    not an object (a list, a string)."""
-    f = path / "config.json"
-    try:
-        hf = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"draft config {f} is unreadable or not JSON ({e})") from e
+    """`path`/config.json as a dict; ValueError naming the file when it is not a regular
+    file, not JSON or not an object (a list, a string). Every plain entry of `path` must
+    be a regular file (`files.regular_entries`): a FIFO would block a native reader."""
+    f = Path(path) / "config.json"
+    if Path(path).is_dir():
+        regular_entries(path, "draft directory")
+    hf = read_json(f, "draft config")
     if not isinstance(hf, dict):
         raise ValueError(f"draft config {f} holds a {type(hf).__name__}, not a JSON object")
     return hf
 
 
 def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    """The tensors of safetensors `files`; ValueError naming a truncated or corrupt one."""
+    """The tensors of safetensors `files`; ValueError naming a truncated or corrupt one,
+    or one holding a NaN or an infinity."""
     raw: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            raw.update(load_file(str(f)))
+            got = load_file(str(regular(f, "draft weight file")))
         except (SafetensorError, OSError) as e:
             raise ValueError(f"weight file {f} is truncated or corrupt ({e})") from e
+        check_finite(got.items(), f)
+        raw.update(got)
     return raw
 
 
@@ -82,9 +86,12 @@ def _check(hf: dict[str, Any], name: str, want: Any, what: str) -> None:
         raise ValueError(f"EAGLE-3 config {name}={hf.get(name)!r} but {what} needs {want!r}")
 
 
-def config_from_hf(hf: dict[str, Any], target_cfg: ModelConfig) -> Eagle3Config:
+def config_from_hf(
+    hf: dict[str, Any], target_cfg: ModelConfig, source: str = "the EAGLE-3 config"
+) -> Eagle3Config:
     """The head's architecture from its config.json dict (SpecForge's, vLLM's or
-    `Eagle3Config.to_hf`), checked against the target's; ValueError naming the field."""
+    `Eagle3Config.to_hf`), checked against the target's; ValueError naming `source` (the
+    file) and the field."""
     _check(hf, "hidden_size", target_cfg.hidden_size, "the target")
     _check(hf, "target_hidden_size", target_cfg.hidden_size, "the target")
     _check(hf, "vocab_size", target_cfg.vocab_size, "the target")
@@ -93,7 +100,7 @@ def config_from_hf(hf: dict[str, Any], target_cfg: ModelConfig) -> Eagle3Config:
         _check(hf, flag, False, "this EAGLE-3 head")
     if not (hf.get("eagle_config") or {}).get("use_aux_hidden_state", True):
         raise ValueError("eagle_config.use_aux_hidden_state=false (no fc) is not supported")
-    layer = ModelConfig.from_hf({**hf, "model_type": "llama"})  # rope fields, both spellings
+    layer = ModelConfig.from_hf({**hf, "model_type": "llama"}, source)  # both RoPE spellings
     L = target_cfg.num_layers
     aux = hf.get("eagle_aux_hidden_state_layer_ids") or (2, L // 2, L - 3)
     if len(aux) != 3 or not all(0 <= i <= L for i in aux):
@@ -112,7 +119,7 @@ def load_eagle3(
 ) -> Eagle3Head:
     """Read a head saved by `save_eagle3`, SpecForge or vLLM (`midlayer.*` or `layers.0.*`)."""
     path = Path(path)
-    cfg = config_from_hf(read_config(path), target_cfg)
+    cfg = config_from_hf(read_config(path), target_cfg, str(path / "config.json"))
     head = Eagle3Head(cfg, embed)  # every parameter and buffer is overwritten below
     files = sorted(path.glob("*.safetensors"))
     if not files:

@@ -202,12 +202,12 @@ class MTPDraft(nn.Module):
         j = i % self.num_heads
         if cache is not None and cache.k.shape[0] != self.num_heads:
             raise ValueError(f"cache has {cache.k.shape[0]} layers, need {self.num_heads}")
-        pos, mask, cache_len = attention_layout(
+        pos, mask, cache_len, top = attention_layout(
             lc_cfg, tokens, positions, cache, slot_start, max_start
         )
         layer_cache = None
         if unroll is not None:  # training-time test step (see drafting.ttt)
-            pos, mask, layer_cache = unroll.pos, unroll.mask, unroll.chain
+            pos, mask, layer_cache, top = unroll.pos, unroll.mask, unroll.chain, unroll.top
         elif cache is not None:
             layer_cache = cache.layer(j, slot_start, cache.write_index(pos))
         t = self.target
@@ -217,7 +217,7 @@ class MTPDraft(nn.Module):
             hidden,
             pos,
             mask,
-            self.rotary(pos),
+            self.rotary(pos, top),
             layer_cache,
             cache_len,
             t.norm.detach(),

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from specroll.drafting.eagle3_io import read_config, read_tensors
 from specroll.drafting.mtp import MATRICES, MTPConfig, MTPDraft
+from specroll.inputs import check_finite, regular, regular_entries
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer
 from specroll.model.weights import hf_names
@@ -54,7 +55,7 @@ def load_mtp(model_dir: str | Path, target: Transformer) -> MTPDraft:
     hf = read_config(model_dir)
     try:
         cfg = MTPConfig(**hf)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"{model_dir / 'config.json'} is not a specroll MTP config: {e}") from e
     state = read_tensors([model_dir / "mtp.safetensors"])
     return _fill(MTPDraft(cfg, target), state, model_dir)
@@ -105,9 +106,10 @@ def load_native_mtp(
     if not files:
         raise ValueError(f"{model_dir} has no *.safetensors weight files")
     handles, where = {}, {}  # file → reader; tensor name → file
+    regular_entries(model_dir, "model directory")
     for f in files:
         try:
-            handles[f] = safe_open(f, "pt")
+            handles[f] = safe_open(regular(f, "weight file"), "pt")
         except (SafetensorError, OSError) as e:
             raise ValueError(f"weight file {f} is corrupt or unreadable: {e}") from e
         where.update(dict.fromkeys(handles[f].keys(), f))
@@ -128,10 +130,13 @@ def load_native_mtp(
             n += 1
     else:
         raise ValueError(f"naming={naming!r}; allowed: auto, qwen3_next, deepseek_v3")
-    cfg = MTPConfig.for_target(
-        target.cfg, n, own_final_norm=True, feed_back_normed=naming == "qwen3_next"
-    )
-    draft = MTPDraft(cfg, target)
+    try:  # n comes from the tensor names: bounded before anything is allocated
+        cfg = MTPConfig.for_target(
+            target.cfg, n, own_final_norm=True, feed_back_normed=naming == "qwen3_next"
+        )
+        draft = MTPDraft(cfg, target)
+    except ValueError as e:
+        raise ValueError(f"{model_dir}: {n} MTP heads named in its weights: {e}") from None
     if norm_offset is None:
         hf_cfg = model_dir / "config.json"
         mt = read_config(model_dir).get("model_type", "") if hf_cfg.is_file() else ""
@@ -150,6 +155,7 @@ def load_native_mtp(
             t = handles[where[name]].get_tensor(name)
             if tuple(t.shape) != (want := (size, *ref.shape[1:])):
                 raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {want}")
+            check_finite([(name, t)], where[name])
             parts.append(t.to(p.dtype))
         t = torch.cat(parts, dim=0)
         if leaf in MATRICES:

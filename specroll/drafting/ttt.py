@@ -50,6 +50,8 @@ class Unroll:
     """[B, 1, g*T', T + j*T'] folded bool mask over the keys of steps 0..j."""
     chain: KeyChain
     """Keys and values of steps 0..j-1 (this step appends its own)."""
+    top: int
+    """1 + the largest of `pos` (known on the host: it sizes the RoPE tables)."""
 
 
 def unroll_mask(
@@ -94,7 +96,7 @@ def ttt_unroll(
         toks = shift(tokens, 1 + j)[:, s:]
         if j == 1 and start:
             hidden = hidden[:, start:]
-        _, hidden = run(toks, hidden, unroll=Unroll(pos, mask, chain))
+        _, hidden = run(toks, hidden, unroll=Unroll(pos, mask, chain, T + j))
         out.append(hidden)
     return out
 

@@ -38,6 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
+from specroll.inputs import printable, read_json, shown
+
+MAX_COEFFICIENT = 1e4
+"""Largest coefficient a profile may state (seconds per forward, per token, per key):
+a real one is below a second; far beyond, the controller's arithmetic overflows."""
+MAX_KNEE = 1e9
+"""Largest knee (tokens per forward) a profile may state."""
+
 
 @dataclass
 class CostModel:
@@ -117,14 +125,35 @@ class CostModel:
         return True
 
     @classmethod
-    def load(cls, path: str | Path) -> CostModel:
+    def load(cls, path: str | Path, what: str = "hardware profile") -> CostModel:
+        """A profile saved by `save` (or written by hand); ValueError naming the file and
+        the field for anything a fitted profile cannot hold: a coefficient that is not a
+        finite number in 0..MAX_COEFFICIENT (a negative or NaN one would make every depth
+        look free or never worth it), a knee below 1, an unknown field."""
         p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"hardware profile {p} does not exist (run `specroll bench profile`)")
-        raw = json.loads(p.read_text())
+        if not p.exists():
+            raise ValueError(f"{what} {p} does not exist (run `specroll bench profile`)")
+        raw = read_json(p, what)
+        if not isinstance(raw, dict):
+            raise ValueError(f"{p}: the {what} holds a {type(raw).__name__}, not a JSON object")
         unknown = set(raw) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"{p}: unknown fields {sorted(unknown)}")
+            raise ValueError(f"{p}: unknown fields {sorted(printable(u) for u in unknown)[:5]}")
+        for name in COST_FIELDS:
+            v = raw.get(name, 0.0)
+            low = 1.0 if name == "knee" else 0.0
+            top = MAX_KNEE if name == "knee" else MAX_COEFFICIENT
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= top:
+                raise ValueError(
+                    f"{p}: the {what}'s {name}={shown(v)} must be a finite number in "
+                    f"{low:g}..{top:g}"
+                )
+        if not isinstance(raw.get("meta", {}), dict):
+            raise ValueError(f"{p}: the {what}'s meta must be a JSON object")
+        if not any(raw.get(n, 0.0) > 0 for n in ("fixed", "per_token")):
+            raise ValueError(
+                f"{p}: the {what} says a forward costs nothing (fixed = per_token = 0)"
+            )
         return cls(**raw)
 
 

@@ -12,6 +12,7 @@ Two kinds of measurement, both in this process:
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -249,7 +250,7 @@ def cached_profile(
     profile online. A stale profile without `MEASURE` gives way to a quick one."""
     measure = path == MEASURE
     if path and not measure:
-        return CostModel.load(path)
+        return CostModel.load(path, "rollout.profile")
     from specroll.model.hub import home
 
     c = model.cfg
@@ -261,9 +262,16 @@ def cached_profile(
     if p.dtype != torch.float32:
         key += f"-{str(p.dtype).removeprefix('torch.')}"
     cached = home() / "profiles" / f"{key}-{drafter.name}.json"
-    if cached.is_file():
-        cm = CostModel.load(cached)
-        if cm.meta.get("format") != FORMAT:
+    if cached.exists():
+        try:
+            cm = CostModel.load(cached, "cached profile")
+        except ValueError as e:  # damaged (cut short, edited): measured again, not used
+            cm = CostModel(meta={"damaged": str(e)})
+        if cm.meta.get("damaged"):
+            log(f"{cm.meta['damaged']}: not used, removed")
+            with contextlib.suppress(OSError):
+                cached.unlink()
+        elif cm.meta.get("format") != FORMAT:
             log(f"{cached} was measured for an older cost model: not used")
         elif drafter.tree and cm.meta.get("tree_points") is None:
             log(f"{cached} has no tree verification terms: not used")

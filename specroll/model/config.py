@@ -20,6 +20,24 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SIZE_LIMITS = {
+    "vocab_size": 1 << 21,
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 18,
+    "num_layers": 1024,
+    "num_heads": 1024,
+    "num_kv_heads": 1024,
+    "head_dim": 4096,
+    "max_position_embeddings": 1 << 24,
+}
+"""The largest value each size of a config may take, checked before any tensor is made.
+Each is several times the largest published model's (vocabularies of 262k, widths of
+16k, 53k-wide MLPs, 126 layers, 128 heads of 256, 10M-token windows): a config.json from
+elsewhere sizes every tensor of a model, so a forged one must not allocate what it says."""
+HF_SIZE_NAMES = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads"}
+HF_SIZE_NAMES |= {"num_key_value_heads": "num_kv_heads"}
+HF_SIZE_NAMES |= {k: k for k in SIZE_LIMITS if k not in HF_SIZE_NAMES.values()}
+"""config.json's name of each bounded size → ours."""
 MAX_DRAFT_SHARE = 2
 """A draft's layers may hold at most this many times its target's parameters (EAGLE-3 is
 one layer; MTP one layer per head): a draft config from elsewhere sizes tensors before
@@ -70,10 +88,13 @@ class ModelConfig:
             raise ValueError(
                 f"model_type={self.model_type!r} is not supported; allowed: {sorted(ARCHITECTURES)}"
             )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
+        for name, limit in SIZE_LIMITS.items():
+            bounded_size(name, getattr(self, name), limit, zero=name == "head_dim")
+        for name in ("rms_norm_eps", "rope_theta"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ValueError(f"{name}={v!r} must be a finite number > 0")
+        if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_kv_heads={self.num_kv_heads} must be >= 1 and divide "
                 f"num_heads={self.num_heads}"
@@ -90,9 +111,17 @@ class ModelConfig:
                 raise ValueError(f"rope_type={kind!r} is not supported; allowed: {ROPE_TYPES}")
             if kind == "default":
                 self.rope_scaling = None
+            else:
+                factor = self.rope_scaling.get("factor", 1.0)
+                if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+                    raise ValueError(f"rope_scaling.factor={factor!r} must be a number")
+                if not 0 < factor < math.inf:
+                    raise ValueError(f"rope_scaling.factor={factor!r} must be finite and > 0")
         if isinstance(self.eos_token_id, int):
             self.eos_token_id = [self.eos_token_id]
         self.eos_token_id = list(self.eos_token_id or [])
+        for t in self.eos_token_id:
+            bounded_size("eos_token_id", t, self.vocab_size - 1, zero=True)
 
     @property
     def q_size(self) -> int:
@@ -115,8 +144,23 @@ class ModelConfig:
     # ------------------------------------------------------------------ HF interop
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Build from a transformers config.json dict (4.x or 5.x RoPE spelling)."""
+    def from_hf(cls, hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
+        """Build from a transformers config.json dict (4.x or 5.x RoPE spelling); every
+        size is bounded first (`SIZE_LIMITS`), and a ValueError names `source` and the
+        field."""
+        try:
+            return cls._from_hf(hf)
+        except (ValueError, TypeError, KeyError) as e:
+            what = f"lacks the field {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"{source}: {what}") from None
+
+    @classmethod
+    def _from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        if not isinstance(hf, dict):
+            raise ValueError(f"holds a {type(hf).__name__}, not a JSON object")
+        for theirs, ours in HF_SIZE_NAMES.items():
+            if hf.get(theirs) is not None:
+                bounded_size(theirs, hf[theirs], SIZE_LIMITS[ours], zero=False)
         model_type = hf.get("model_type")
         if model_type not in ARCHITECTURES:
             raise ValueError(
@@ -227,6 +271,15 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     inv = inv / factor * (1 - extrapolation) + inv * extrapolation
     mscale = s.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
     return inv, float(mscale)
+
+
+def bounded_size(name: str, value: Any, limit: int, zero: bool = False) -> None:
+    """ValueError naming `name` unless `value` is an integer in 1..limit (0..limit with
+    `zero`, for a size where 0 means "derived"); JSON's 1e10 is a float and refused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} must be an integer")
+    if not (0 if zero else 1) <= value <= limit:
+        raise ValueError(f"{name}={value} is out of range; allowed: {int(not zero)}..{limit}")
 
 
 def check_draft_size(layer: ModelConfig, target: ModelConfig, what: str) -> None:

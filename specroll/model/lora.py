@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specroll.inputs import shown
 from specroll.model.config import ModelConfig
 
 TARGETS: dict[str, tuple[str, int]] = {
@@ -81,6 +82,11 @@ def expand_targets(targets: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(t for t in TARGETS if t in names)
 
 
+MAX_ALPHA = 65536.0
+"""Largest lora_alpha (the scale's numerator) accepted from a setting or an adapter file:
+far above any published recipe's, and a bound that keeps alpha / r finite."""
+
+
 @dataclass(frozen=True)
 class LoraSpec:
     """The shape of a policy's adapters (what a replica or a checkpoint rebuilds them from)."""
@@ -93,6 +99,11 @@ class LoraSpec:
     """Adapted projections, in `TARGETS` order."""
     dropout: float = 0.0
     """Dropout on the adapters' input in the train forward (PEFT's lora_dropout)."""
+
+    def __post_init__(self) -> None:
+        a = self.alpha
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a <= MAX_ALPHA:
+            raise ValueError(f"lora.alpha must be a number in (0, {MAX_ALPHA:g}], got {shown(a)}")
 
     @property
     def scale(self) -> float:

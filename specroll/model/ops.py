@@ -42,35 +42,69 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return y if weight is None else weight * y
 
 
-class Rotary(nn.Module):
-    """cos/sin tables for every position up to the context window (fp32, like HF).
+ROPE_CHUNK = 1024
+"""Positions per block of the RoPE tables: they grow a block at a time, up to what a
+forward reaches, never to the window a config.json states."""
 
-    The tables stay fp32 whatever `module.to(dtype=...)` asks (see `_apply`): rounding
-    them to bf16 would move the phase of far positions by whole percent (the rotation
-    itself is computed in fp32 by `apply_rotary` and rounded once). `sin` has its first
-    half negated, which turns rotate-half into a roll (see `apply_rotary`)."""
+
+class Rotary(nn.Module):
+    """cos/sin tables for the positions forwards have reached (fp32, like HF).
+
+    A config's `max_position_embeddings` bounds the positions but sizes nothing: the
+    tables cover the first block and grow by whole blocks when a forward reaches further
+    (`cover`; a KV-cache forward covers its whole cache at once, so a captured step never
+    grows them). Each block is computed alone, so a position's value never depends on
+    how far the table has grown. The tables stay fp32 whatever `module.to(dtype=...)`
+    asks (see `_apply`): rounding them to bf16 would move the phase of far positions by
+    whole percent (the rotation itself is computed in fp32 by `apply_rotary` and rounded
+    once). `sin` has its first half negated, which turns rotate-half into a roll (see
+    `apply_rotary`)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        inv_freq, scale = rope_inv_freq(cfg)
-        pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(pos, inv_freq)  # [P, hd/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [P, hd]
-        self.register_buffer("cos", emb.cos() * scale, persistent=False)
-        sin = emb.sin() * scale
+        self.limit = cfg.max_position_embeddings
+        inv_freq, self.scale = rope_inv_freq(cfg)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        empty = torch.empty(0, cfg.head_dim)
+        self.register_buffer("cos", empty, persistent=False)
+        self.register_buffer("sin", empty.clone(), persistent=False)
+        self.cover(1)
+
+    def _block(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = self.inv_freq
+        pos = torch.arange(i * ROPE_CHUNK, (i + 1) * ROPE_CHUNK, device=inv.device)
+        freqs = torch.outer(pos.float(), inv)  # [C, hd/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [C, hd]
+        sin = emb.sin() * self.scale
         sin[:, : sin.shape[1] // 2].neg_()  # [-sin, sin]: rotate_half's sign, folded in
-        self.register_buffer("sin", sin, persistent=False)
+        return emb.cos() * self.scale, sin
+
+    def cover(self, top: int) -> None:
+        """Make the tables hold positions 0..top-1 (capped at the context window; a
+        position past the window is refused by `attention_layout` before it is read)."""
+        top = min(top, self.limit)
+        have = self.cos.shape[0]
+        if top <= have:
+            return
+        # below the window the tables hold whole blocks; the last block may be cut
+        blocks = [self._block(i) for i in range(have // ROPE_CHUNK, -(-top // ROPE_CHUNK))]
+        n = min(len(blocks) * ROPE_CHUNK + have, self.limit)
+        self.cos = torch.cat([self.cos, *(c for c, _ in blocks)])[:n]
+        self.sin = torch.cat([self.sin, *(s for _, s in blocks)])[:n]
 
     def _apply(self, fn, recurse: bool = True):
         """Follow device moves but keep the fp32 tables (a dtype cast is not applied)."""
-        cos, sin = self.cos, self.sin
+        cos, sin, inv = self.cos, self.sin, self.inv_freq
         super()._apply(fn, recurse)
         dev = self.cos.device
         self.cos, self.sin = cos.to(device=dev), sin.to(device=dev)
+        self.inv_freq = inv.to(device=dev)
         return self
 
-    def forward(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """pos: [B, T] absolute positions → (cos, sin), each [B, T, 1, hd] fp32."""
+    def forward(self, pos: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos: [B, T] absolute positions, all below `top` (a host bound) → (cos, sin),
+        each [B, T, 1, hd] fp32."""
+        self.cover(top)
         return self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)
 
 
@@ -98,13 +132,16 @@ def attention_layout(
     slot_start: int = 0,
     max_start: int | None = None,
     tree: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Positions, folded mask and key length of a forward, shared by every network here.
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Positions, folded mask, key length and position bound of a forward, shared by
+    every network here.
 
     Without a cache: causal over the T tokens (positions only shift RoPE). With a cache:
     row b writes its T tokens at positions[b].. of slot slot_start + b, and key j is
     visible to query i iff j <= positions[b] + i. Returns (pos [B, T], mask
-    [B, 1, g*T, Lk], Lk), checking the context window and the cache's capacity.
+    [B, 1, g*T, Lk], Lk, top), checking the context window and the cache's capacity; `top`
+    bounds the positions for the RoPE tables (`Rotary.forward`): the whole cache's length
+    with a cache (so its tables never grow inside a captured step), else the last + 1.
     `max_start`: max(positions) when the caller knows it on the host (the engine does),
     so that sizing the key axis reads nothing back from the device.
 
@@ -143,7 +180,8 @@ def attention_layout(
             in_tree = tree.gather(2, rel.clamp(0, T - 1).unsqueeze(1).expand(B, T, key_len))
             mask = (rel < 0).unsqueeze(1) | (in_tree & (rel < T).unsqueeze(1))  # [B, T, Lk]
             pos = start.unsqueeze(1) + tree.sum(-1) - 1  # [B, T] position = root + depth
-    return pos, fold_mask(mask, cfg.num_heads // cfg.num_kv_heads), key_len
+    top = max_start + T if cache is None else cache.max_len
+    return pos, fold_mask(mask, cfg.num_heads // cfg.num_kv_heads), key_len, top
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

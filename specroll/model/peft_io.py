@@ -20,9 +20,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from specroll.inputs import check_finite, read_json, shown
 from specroll.model import lora
 from specroll.model.config import ModelConfig
-from specroll.model.lora import ATTENTION, TARGETS, LoraSpec, shape
+from specroll.model.lora import ATTENTION, MAX_ALPHA, TARGETS, LoraSpec, shape
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -55,8 +56,8 @@ def base_name(model_dir: str | Path) -> str:
     model directory's name."""
     model_dir = Path(model_dir)
     try:
-        name = json.loads((model_dir / "config.json").read_text()).get("_name_or_path")
-    except (OSError, ValueError, AttributeError):
+        name = read_json(model_dir / "config.json", "model config").get("_name_or_path")
+    except (ValueError, AttributeError):
         name = None
     return str(name) if name else model_dir.name
 
@@ -76,12 +77,10 @@ def read_spec(adapter_dir: str | Path) -> tuple[LoraSpec, str]:
         raise ValueError(
             f"lora.init={d}: not a PEFT adapter directory (needs {CONFIG} and {WEIGHTS})"
         )
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ValueError(f"lora.init: {path} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        raw = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"lora.init: {path} is not JSON ({e})") from None
+        raw = read_json(path, "adapter config", MAX_CONFIG_BYTES)
+    except ValueError as e:
+        raise ValueError(f"lora.init: {e}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"lora.init: {path} must hold a JSON object")
     if raw.get("peft_type", "LORA") != "LORA":
@@ -94,7 +93,7 @@ def read_spec(adapter_dir: str | Path) -> tuple[LoraSpec, str]:
     targets = raw.get("target_modules")
     if isinstance(targets, str):
         targets = [targets]
-    if not isinstance(targets, list) or not targets:
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
         raise ValueError(f"lora.init: {path} target_modules must be a list of projection names")
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
@@ -105,8 +104,10 @@ def read_spec(adapter_dir: str | Path) -> tuple[LoraSpec, str]:
     r, alpha = raw.get("r"), raw.get("lora_alpha", raw.get("r"))
     if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
         raise ValueError(f"lora.init: {path} r must be a positive integer, got {r!r}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha <= 0:
-        raise ValueError(f"lora.init: {path} lora_alpha must be a positive number, got {alpha!r}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha <= MAX_ALPHA:
+        raise ValueError(
+            f"lora.init: {path} lora_alpha must be a number in (0, {MAX_ALPHA}], got {shown(alpha)}"
+        )
     dropout = raw.get("lora_dropout", 0.0)
     if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ValueError(f"lora.init: {path} lora_dropout must be in [0, 1), got {dropout!r}")
@@ -169,7 +170,9 @@ def load(adapter_dir: str | Path, cfg: ModelConfig, spec: LoraSpec) -> dict[str,
         for i in range(cfg.num_layers):
             for t in spec.targets:
                 for which in "AB":
-                    w = f.get_tensor(peft_name(i, t, which)).to(torch.float32)
+                    name = peft_name(i, t, which)
+                    w = f.get_tensor(name).to(torch.float32)
+                    check_finite([(name, w)], f"lora.init: {Path(adapter_dir) / WEIGHTS}")
                     out[f"layers.{i}.lora.{which}.{t}"] = w.T.contiguous()
     return out
 

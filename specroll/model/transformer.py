@@ -243,12 +243,12 @@ class Transformer(nn.Module):
         """
         cfg = self.cfg
         B, T = tokens.shape
-        pos, mask, cache_len = attention_layout(
+        pos, mask, cache_len, top = attention_layout(
             cfg, tokens, positions, cache, slot_start, max_start, tree
         )
         # a tree's tokens go to consecutive cache positions whatever their depth
         wpos = pos if tree is None else positions.unsqueeze(1) + torch.arange(T, device=pos.device)
-        rope = self.rotary(pos)
+        rope = self.rotary(pos, top)
 
         packed = self.packed_weights()
         x = self.embed_tokens(tokens)

@@ -25,14 +25,12 @@ from typing import Any
 
 import torch
 
+from specroll.inputs import UnreadableFile, regular
+
+__all__ = ["UnreadableFile", "explain", "load_restricted", "load_tensors", "refusal"]
+
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 """How torch's weights-only unpickler names the global it refused."""
-
-
-class UnreadableFile(ValueError):
-    """A file from elsewhere that specroll will not (or cannot) read: the message is one
-    line naming the file. A ValueError, so the commands report it as a bad input
-    (`error: ...`, exit status 2)."""
 
 
 def refusal(path: str | Path, what: str, asked: str | None) -> UnreadableFile:
@@ -61,18 +59,10 @@ def explain(error: BaseException, path: str | Path, what: str) -> UnreadableFile
     return unreadable(path, what, error)
 
 
-def _regular(path: Path) -> None:
-    """UnreadableFile unless `path` is a regular file (a FIFO would block the read)."""
-    if not path.exists():
-        raise UnreadableFile(f"{path}: missing")
-    if not path.is_file():
-        raise UnreadableFile(f"{path}: not a regular file")
-
-
 def load_tensors(path: str | Path, what: str = "checkpoint", mmap: bool = False) -> Any:
     """`torch.load(path, weights_only=True)`: tensors, numbers, strings and containers.
     A file that holds anything else is refused, naming the global it asked for."""
-    _regular(Path(path))
+    regular(path, what)
     try:
         return torch.load(path, weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
@@ -101,7 +91,7 @@ def load_restricted(
     """Unpickle `path`, importing only the globals `allowed(module, name)` admits; the
     caller checks the type of what comes back. Any failure is one `UnreadableFile` line."""
     path = Path(path)
-    _regular(path)
+    regular(path, what)
     try:
         with open(path, "rb") as f:
             return _Restricted(f, path, what, allowed).load()

@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from specroll.inputs import check_finite, read_json, regular, regular_entries
 from specroll.model.config import ModelConfig
 from specroll.model.lora import parts
 from specroll.model.ops import MATRICES
@@ -73,14 +74,15 @@ def _is_matrix(name: str) -> bool:
 
 
 def read_config(model_dir: str | Path) -> ModelConfig:
-    """ModelConfig from `<dir>/config.json`, with a clear error when it is missing."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
+    """ModelConfig from `<dir>/config.json`, with a clear error when it is missing; every
+    plain entry of the directory must be a regular file (`files.regular_entries`), and
+    every size the config implies is bounded (`ModelConfig.from_hf`)."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not model_dir.is_dir() or not path.exists():
         raise ValueError(f"model path {str(model_dir)!r} has no config.json (not a model dir)")
-    try:
-        return ModelConfig.from_hf(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError) as e:
-        raise ValueError(f"{path} is not a valid model config: {e}") from e
+    regular_entries(model_dir, "model directory")
+    return ModelConfig.from_hf(read_json(path, "model config"), str(path))
 
 
 def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -90,9 +92,11 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            tensors.update(load_file(f))
+            got = load_file(regular(f, "weight file"))
         except (SafetensorError, OSError) as e:
             raise ValueError(f"weight file {f} is corrupt or unreadable: {e}") from e
+        check_finite(got.items(), f)
+        tensors.update(got)
     return tensors
 
 

@@ -29,7 +29,7 @@ NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines",
 ITEMS = ["apples", "books", "coins", "pencils", "stickers", "marbles", "cards", "shells"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Problem:
     """One task instance."""
 

@@ -24,6 +24,7 @@ import decimal
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 MAX_NESTING = 64
 """Levels of objects and lists a record may nest (chat messages with tool calls take
 about 6); deeper ones are refused before anything recurses into them."""
+PROGRESS_LINES = 50_000
+"""Lines between two progress calls of `read_records`."""
 MAX_JSON_ARRAY_BYTES = 256 << 20
 """Largest `.json` file read as one array of records (parsed whole, in memory); larger data
 goes in JSONL, one record per line."""
@@ -102,8 +105,12 @@ def decode(data: bytes) -> str:
         ) from None
 
 
-def read_records(path: str | Path) -> list[tuple[str, Any]]:
-    """(where, record) of every record in a JSONL/JSON/Parquet/text file or Arrow directory."""
+def read_records(
+    path: str | Path, progress: Callable[[int, int], None] | None = None
+) -> list[tuple[str, Any]]:
+    """(where, record) of every record in a JSONL/JSON/Parquet/text file or Arrow directory;
+    `progress(lines read, lines)` is called as a JSONL or text file of more than
+    `PROGRESS_LINES` lines is read (a million records take seconds)."""
     p = Path(path).expanduser()
     if p.is_dir():
         return _arrow_dir(p)
@@ -127,11 +134,23 @@ def read_records(path: str | Path) -> list[tuple[str, Any]]:
         return _json_array(p, text)
     out = []
     # "\n" only: str.splitlines would also break at U+2028, U+0085 ... inside a string
-    for i, line in enumerate(text.split("\n"), 1):
+    lines = text.split("\n")
+    del text
+    json_lines = p.suffix in (".jsonl", ".json")
+    for i, line in enumerate(lines, 1):
+        if progress is not None and i % PROGRESS_LINES == 0:
+            progress(i, len(lines))
         if not line.strip():
             continue
-        rec = _json(p, line, i) if p.suffix in (".jsonl", ".json") else line.strip()
-        out.append((f"{p.name}:{i}", _plain(rec, f"{p}:{i}")))
+        if not json_lines:
+            out.append((f"{p.name}:{i}", line.strip()))
+            continue
+        rec = _json(p, line, i)
+        # a line with fewer brackets than MAX_NESTING cannot nest deeper: no walk needed
+        shallow = line.count("{") + line.count("[") < MAX_NESTING
+        out.append((f"{p.name}:{i}", rec if shallow else _plain(rec, f"{p}:{i}")))
+    if progress is not None and len(lines) >= PROGRESS_LINES:
+        progress(len(lines), len(lines))
     return out
 
 

@@ -15,6 +15,7 @@ validation (`data_source`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,13 @@ DAPO_ANSWER = "reward_model.ground_truth"
 """Where DAPO-Math-17K records keep the answer (looked up when 'answer' is absent)."""
 
 
-def _record(rec: Any, where: str, keys: Keys = Keys()) -> Problem:
-    """One task from a parsed line or row; a malformed one is a ValueError naming `where`
-    and the field (user files are the commonest source of bad input)."""
+def _record(rec: Any, where: str, keys: Keys = Keys(), prefix: str = "") -> Problem:
+    """One task from a parsed line or row (its reply starting with `prefix`); a malformed
+    one is a ValueError naming `where` and the field (user files are the commonest source
+    of bad input)."""
     if isinstance(rec, str):
         text = _text(rec, where, "prompt")
-        return Problem(text, "", 0, where, response_prefix="", record={"prompt": text})
+        return Problem(text, "", 0, where, response_prefix=prefix, record={"prompt": text})
     if not isinstance(rec, dict) or keys.prompt not in rec:
         has = f"; it has {', '.join(map(repr, rec))}" if isinstance(rec, dict) else ""
         raise ValueError(f"{where}: expected a JSON object with a {keys.prompt!r} field{has}")
@@ -75,7 +77,7 @@ def _record(rec: Any, where: str, keys: Keys = Keys()) -> Problem:
     value = _lookup(rec, path, where)
     answer = _answer(value, where, path)
     return Problem(
-        _text(prompt, where, keys.prompt), answer, 0, where, "", messages=messages, record=rec
+        _text(prompt, where, keys.prompt), answer, 0, where, prefix, messages=messages, record=rec
     )
 
 
@@ -167,10 +169,16 @@ def _kind(value: Any) -> str:
     return names.get(type(value), f"a {type(value).__name__}")
 
 
-def load_file(path: str | Path, keys: Keys = Keys()) -> list[Problem]:
+def load_file(
+    path: str | Path,
+    keys: Keys = Keys(),
+    prefix: str = "",
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Problem]:
     """Prompts (and answers when present) from a JSONL, Parquet, text file or a
-    save_to_disk directory."""
-    out = [_record(rec, where, keys) for where, rec in read_records(path)]
+    save_to_disk directory; `prefix` starts every reply (`data.response_prefix`),
+    `progress` hears how far the file is read (`files.read_records`)."""
+    out = [_record(rec, where, keys, prefix) for where, rec in read_records(path, progress)]
     if not out:
         raise ValueError(f"prompt file {path} holds no prompts")
     return out

@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import json
 import math
+import re
 import shlex
 import textwrap
 import types
@@ -20,9 +21,15 @@ from typing import Any
 
 import yaml
 
+from specroll.inputs import printable, shown
 from specroll.rl.config import yaml_safe
 from specroll.rl.config.yaml_safe import YAMLTooLarge
 
+MAX_EXACT_INT = 1 << 53
+"""Largest integer a float setting takes: above it the float would round (and 10**400
+would not convert at all)."""
+_LONG_NUMBER = re.compile(r"\d{25,}")
+"""A number too long to print whole in a refusal (10**400 has 401 digits)."""
 MAX_CONFIG_BYTES = 1 << 20
 """Largest preset or --config file read: a configuration is a few kilobytes; a bigger file
 is not one, and every byte of it would be copied into each checkpoint's meta.json."""
@@ -57,8 +64,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
     for section, values in raw.items():
         if values is not None and not isinstance(values, dict):
             raise ValueError(
-                f"{path}: section {section!r} must be a mapping of keys to values, "
-                f"got {type(values).__name__} {values!r}"
+                f"{path}: section {shown(section)} must be a mapping of keys to values, "
+                f"got {type(values).__name__} {shown(values)}"
             )
     return raw
 
@@ -159,15 +166,18 @@ def check_names(raw: dict[str, Any], sections: dict[str, type], where: str = "")
     for name, values in (raw or {}).items():
         if name not in sections:
             raise ValueError(
-                f"{at}unknown config section {name!r}; sections: {', '.join(sections)}"
+                f"{at}unknown config section {shown(name)}; sections: {', '.join(sections)}"
             )
         if not isinstance(values, dict):
-            raise ValueError(f"{at}config section {name!r} must be a mapping, got {values!r}")
+            raise ValueError(
+                f"{at}config section {shown(name)} must be a mapping, got {shown(values)}"
+            )
         fields = [f.name for f in dataclasses.fields(sections[name])]
         for key in values:
             if key not in fields:
                 raise ValueError(
-                    f"{at}unknown config key {name}.{key}; {name} has: {', '.join(fields)}"
+                    f"{at}unknown config key {name}.{printable(key)}; "
+                    f"{name} has: {', '.join(fields)}"
                 )
 
 
@@ -178,45 +188,47 @@ def _coerce(where: str, value: Any, typ: Any) -> Any:
     origin = typing.get_origin(typ)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where} must be a list, got {value!r}")
+            raise ValueError(f"{where} must be a list, got {shown(value)}")
         return tuple(_coerce(where, v, typing.get_args(typ)[0]) for v in value)
     if origin in (typing.Union, types.UnionType):
         return value
     if typ is bool:
         if not isinstance(value, bool):
-            raise ValueError(f"{where} must be true or false, got {value!r}")
+            raise ValueError(f"{where} must be true or false, got {shown(value)}")
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_EXACT_INT:
+            raise ValueError(f"{where} must be a finite number, got {shown(value)}")
         value = float(value)
     if typ is float and isinstance(value, str):  # a quoted number ('3e-3') is the number
         with contextlib.suppress(ValueError):
             value = float(value)
     if typ is str and not isinstance(value, str):  # YAML read the text as something else
         raise ValueError(
-            f"{where} must be str, got {type(value).__name__} {value!r}: put text that YAML "
+            f"{where} must be str, got {type(value).__name__} {shown(value)}: put text that YAML "
             "reads otherwise (a colon and a space, yes/no, a number) in quotes"
         )
     if typ in (int, float) and not (isinstance(value, typ) and not isinstance(value, bool)):
-        raise ValueError(f"{where} must be {typ.__name__}, got {value!r}")
+        raise ValueError(f"{where} must be {typ.__name__}, got {shown(value)}")
     if typ is float and not math.isfinite(value):
-        raise ValueError(f"{where} must be a finite number, got {value!r}")
+        raise ValueError(f"{where} must be a finite number, got {shown(value)}")
     return value
 
 
 def check(cond: bool, msg: str) -> None:
     """ValueError(msg) unless cond: the one way a config section refuses a value."""
     if not cond:
-        raise ValueError(msg)
+        raise ValueError(_LONG_NUMBER.sub(lambda m: f"{m[0][:6]}...({len(m[0])} digits)", msg))
 
 
 def bound(section: str, cfg: Any, name: str, low: float, above: bool = False) -> None:
     """ValueError naming `section.name` unless its value is >= low (> low: `above`)."""
     value = getattr(cfg, name)
     ok = value > low if above else value >= low
-    check(ok, f"{section}.{name} must be {'>' if above else '>='} {low}, got {value}")
+    check(ok, f"{section}.{name} must be {'>' if above else '>='} {low}, got {shown(value)}")
 
 
 def one_of(section: str, cfg: Any, name: str, allowed: tuple) -> None:
     """ValueError naming `section.name` and the allowed values unless it is one of them."""
     value = getattr(cfg, name)
-    check(value in allowed, f"{section}.{name} must be one of {allowed}, got {value!r}")
+    check(value in allowed, f"{section}.{name} must be one of {allowed}, got {shown(value)}")

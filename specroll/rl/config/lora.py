@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specroll.model.lora import ALL, LoraSpec, expand_targets
+from specroll.model.lora import ALL, MAX_ALPHA, LoraSpec, expand_targets
 from specroll.rl.config.io import bound, check, one_of
 
 SERVES = ("merged", "adapters")
@@ -40,6 +40,7 @@ class LoraConfig:
         bound("lora", self, "rank", 0)
         check(self.rank <= MAX_RANK, f"lora.rank must be <= {MAX_RANK}, got {self.rank}")
         bound("lora", self, "alpha", 0)
+        check(self.alpha <= MAX_ALPHA, f"lora.alpha must be <= {MAX_ALPHA:g}, got {self.alpha:g}")
         bound("lora", self, "lr", 0, above=True)
         check(0 <= self.dropout < 1, f"lora.dropout must be in [0, 1), got {self.dropout}")
         one_of("lora", self, "serve", SERVES)

@@ -31,7 +31,11 @@ MAX_ALIAS_EXPANSION = 10_000
 """Values and characters that aliases may add to a document beyond its own text: room
 to reuse a few settings (an anchored section named twice), none to expand a bomb."""
 MAX_NESTING = 64
-"""Deepest nesting of lists and mappings in a document (a configuration needs three)."""
+"""Deepest nesting of lists and mappings in a document (a configuration needs three):
+64 containers one inside another are read, 65 are not."""
+MAX_NODES = 10_000
+"""Values (scalars, lists and mappings) a document may write out, counted as it is
+composed: a configuration holds a few hundred."""
 CORE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("int", "float", "timestamp")}
 """The implicit YAML 1.1 number and date resolvers that YAML 1.2 core ones replace."""
 MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -128,21 +132,32 @@ class ConfigLoader(yaml.SafeLoader):
 
     yaml_implicit_resolvers = _core_resolvers()
     _depth = 0
+    """Lists and mappings open around the node being composed."""
+    _nodes = 0
+    """Nodes composed so far (aliases count once: `get_single_node` bounds their reuse)."""
 
     def compose_node(self, parent, index):
-        # PyYAML composes recursively: 10^5 brackets would end in a RecursionError
-        if self._depth >= MAX_NESTING:
+        # PyYAML composes recursively: 10^5 brackets would end in a RecursionError; and
+        # it composes slowly: a 1 MiB list of numbers would take seconds before a refusal
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise YAMLTooLarge(
+                f"more than {MAX_NODES} values (line {self.peek_event().start_mark.line + 1}); "
+                "a configuration holds a few hundred"
+            )
+        container = self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent)
+        if container and self._depth >= MAX_NESTING:
             raise yaml.composer.ComposerError(
                 None,
                 None,
                 f"lists and mappings nested more than {MAX_NESTING} deep",
                 self.peek_event().start_mark,
             )
-        self._depth += 1
+        self._depth += container
         try:
             return super().compose_node(parent, index)
         finally:
-            self._depth -= 1
+            self._depth -= container
 
     def get_single_node(self):
         node = super().get_single_node()

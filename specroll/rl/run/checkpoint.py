@@ -90,8 +90,10 @@ def save(
             "files": _files(tmp),
         }
         (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+    except BaseException as e:  # a second Ctrl-C mid-write too: no half checkpoint stays
         shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save's full disk: RuntimeError
+            raise
         kept = latest(root)
         raise CheckpointError(
             f"could not write checkpoint {final}: {getattr(e, 'strerror', None) or e}"

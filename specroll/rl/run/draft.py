@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from specroll.drafting.default import cached_draft, default_draft
-from specroll.drafting.fresh import STARTS, fresh_draft
+from specroll.drafting.default import DefaultDraftRecipe, cached_draft, default_draft
+from specroll.drafting.fresh import PROMPT_TOKENS, STARTS, fresh_draft
 from specroll.drafting.trainable import TrainableDraft, load_draft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
@@ -17,6 +17,10 @@ from specroll.rl.run.task import math_problems, prompt_ids, task_files
 TASK_PROMPTS_SEED = 0
 """Seed of the order a data file's training prompts are sampled in for the default draft
 (fixed, not the run's seed: another seed reuses the same cached draft)."""
+TASK_PROMPTS_USED = max(DefaultDraftRecipe().data.n, PROMPT_TOKENS)
+"""The most prompts a draft's start reads (an offline draft samples `data.n`, a fresh
+one's vocabulary at most one prompt per `PROMPT_TOKENS`): the rest of a large file is
+never encoded (a million records would take minutes of chat templates)."""
 
 
 BOOTSTRAP = "policy"
@@ -44,7 +48,8 @@ def task_prompts(cfg: TrainConfig, tok) -> list[list[int]] | None:
     if train is None:
         return None
     g = torch.Generator().manual_seed(TASK_PROMPTS_SEED)
-    return [prompt_ids(cfg, tok, train[int(i)]) for i in torch.randperm(len(train), generator=g)]
+    order = torch.randperm(len(train), generator=g)[:TASK_PROMPTS_USED]
+    return [prompt_ids(cfg, tok, train[int(i)]) for i in order]
 
 
 def build_draft(

@@ -11,8 +11,9 @@ its base seed is defined in this file, once (the profile's prompts: engine.profi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -63,14 +64,50 @@ class TaskFiles:
         return self.train[: len(self.train) - val_size]
 
 
-def task_files(cfg: TrainConfig) -> TaskFiles:
+_LOADED: dict[str, TaskFiles] = {}
+"""The data files this process read last, by `_files_key`: planning, the draft's start
+and the task all ask for them, and a million records are read once, not four times."""
+
+
+def _files_key(cfg: TrainConfig) -> str:
+    """The data settings and the files' sizes and times (a file changed since is read
+    again)."""
+    d = cfg.data
+    stamps = []
+    for path in (d.train, d.val):
+        try:
+            st = os.stat(path) if path else None
+            stamps.append(st and (st.st_size, st.st_mtime_ns))
+        except OSError:
+            stamps.append(None)
+    return repr((d, cfg.reward.needs_answers, stamps))
+
+
+def task_files(
+    cfg: TrainConfig, progress: Callable[[str, int, int], None] | None = None
+) -> TaskFiles:
     """The run's data files, loaded and checked (answers present where a built-in reward
-    needs them; more training records than a held-out validation set takes). Called
-    before any model is loaded."""
+    needs them; more training records than a held-out validation set takes), read once
+    per process. Called before any model is loaded; `progress(setting, lines read,
+    lines)` hears how far each file is read."""
+    key = _files_key(cfg)
+    if key not in _LOADED:
+        files = _read_files(cfg, progress)
+        _LOADED.clear()
+        _LOADED[key] = files
+    return _LOADED[key]
+
+
+def _read_files(cfg: TrainConfig, progress) -> TaskFiles:
     d = cfg.data
     keys = Keys(d.prompt_key, d.answer_key)
-    train = _prefixed(load_file(d.train, keys), d) if d.train else None
-    val = _prefixed(load_file(d.val, keys)[: d.val_size], d) if d.val else None
+
+    def read(name: str, path: str) -> list[Problem]:
+        tick = None if progress is None else (lambda done, total: progress(name, done, total))
+        return load_file(path, keys, d.response_prefix, tick)
+
+    train = read("data.train", d.train) if d.train else None
+    val = read("data.val", d.val)[: d.val_size] if d.val else None
     for name, items in (("data.train", train), ("data.val", val)):
         missing = [p.uid for p in items or [] if not p.answer]
         if missing and cfg.reward.needs_answers:
@@ -118,15 +155,10 @@ def math_pool(n: int, seed: int, levels: tuple[int, ...], exclude: set[str]) -> 
         size *= 2
 
 
-def _prefixed(items: list[Problem], d) -> list[Problem]:
-    """The problems with `data.response_prefix` as the start of their replies."""
-    return [replace(p, response_prefix=d.response_prefix) for p in items]
-
-
-def task_items(cfg: TrainConfig) -> list[Problem] | None:
+def task_items(cfg: TrainConfig, progress=None) -> list[Problem] | None:
     """Every problem of the run's data files (what `rl.budget` bounds), or None when it
-    has none."""
-    return task_files(cfg).all()
+    has none (`progress`: as `task_files`)."""
+    return task_files(cfg, progress).all()
 
 
 @dataclass
