@@ -15,7 +15,9 @@ five (`--areas run`):
 
 and issue 44's nine, files and values from elsewhere (`--areas inputs`, listed in
 `soak_inputs.py`): rewards, data files, YAML, untrusted checkpoints, changed inputs on
-resume, export, a full disk, generate and loggers. `--areas all` draws from both.
+resume, export, a full disk, generate and loggers; and issue 58's five (`--areas foreign`,
+listed in `soak_foreign.py`): sizes a config implies, FIFOs in place of files, non-finite
+values, large data files, cost profiles. `--areas all` draws from every one.
 
 Every case also keeps a directory of user files next to the run's; all of them must be
 byte-identical afterwards. Counted: tracebacks (target 0), runs that lost a completed
@@ -49,10 +51,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from soak_foreign import FOREIGN_KINDS, ForeignCases  # a sibling script: issue 58's cases
 from soak_inputs import INPUT_KINDS, InputCases  # a sibling script: issue 44's cases
 
 KINDS = ("valid", "invalid", "signal", "damage", "foreign")
-AREAS = {"run": KINDS, "inputs": INPUT_KINDS, "all": KINDS + INPUT_KINDS}
+AREAS = {
+    "run": KINDS,
+    "inputs": INPUT_KINDS,
+    "foreign": FOREIGN_KINDS,
+    "all": KINDS + INPUT_KINDS + FOREIGN_KINDS,
+}
 VALID = {  # setting: values drawn from (all within bounds)
     "rollout.k": [1, 3, 5],
     "rollout.max_new_tokens": [8, 24, 40],
@@ -107,7 +115,7 @@ class Outcome:
     orphans: int = 0
 
 
-class Soak(InputCases):
+class Soak(InputCases, ForeignCases):
     def __init__(self, root: Path, env: dict[str, str]) -> None:
         self.root, self.env = root, env
         self.references: dict[tuple, list[dict]] = {}
@@ -542,7 +550,8 @@ def main() -> None:
         choices=sorted(AREAS),
         default="run",
         help="run: issue 30's kinds (signals, damage, settings, foreign files); inputs: "
-        "issue 44's (files and values from elsewhere); all: both",
+        "issue 44's (files and values from elsewhere); foreign: issue 58's (sizes, FIFOs, "
+        "non-finite values, large data, profiles); all: every kind",
     )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()

@@ -59,8 +59,9 @@ def regular(path: str | Path, what: str = "file") -> Path:
 
 def regular_entries(directory: str | Path, what: str) -> Path:
     """`directory` when every entry in it that is not a directory is a regular file
-    (what a tokenizer or a weights scan may open); UnreadableFile naming the first that
-    is not. A missing directory is the caller's to report."""
+    (what a tokenizer or a weights scan may open) and no JSON file in it is larger than
+    JSON_LIMIT; UnreadableFile naming the first that is not. A missing directory is the
+    caller's to report."""
     directory = Path(directory)
     with os.scandir(directory) as it:
         for n, entry in enumerate(it):
@@ -68,6 +69,12 @@ def regular_entries(directory: str | Path, what: str) -> Path:
                 raise UnreadableFile(f"{directory}: more than {ENTRIES_LIMIT} entries")
             if not entry.is_dir():
                 regular(entry.path, f"{what}'s file")
+                # a native JSON parser (tokenizers) holds signals off while it reads
+                size = entry.stat().st_size
+                if entry.name.endswith(".json") and size > JSON_LIMIT:
+                    raise UnreadableFile(
+                        f"{entry.path}: a JSON file of {size} bytes, more than {JSON_LIMIT}"
+                    )
     return directory
 
 

@@ -366,14 +366,14 @@ def test_a_full_fan_gives_plain_decodings_tokens_and_a_mask_that_leaks_siblings_
     layout = transformer.attention_layout
 
     def leaky(cfg, tokens, positions, cache, slot_start=0, max_start=None, tree=None):
-        pos, mask, n = layout(cfg, tokens, positions, cache, slot_start, max_start, tree)
+        pos, mask, n, top = layout(cfg, tokens, positions, cache, slot_start, max_start, tree)
         if tree is not None:
             _, n_tree = tokens.shape
             causal = torch.ones(n_tree, n_tree, dtype=torch.bool).tril()
-            _, mask, n = layout(
+            _, mask, n, top = layout(
                 cfg, tokens, positions, cache, slot_start, max_start, causal.expand_as(tree)
             )
-        return pos, mask, n
+        return pos, mask, n, top
 
     monkeypatch.setattr(transformer, "attention_layout", leaky)
     broken = Engine(target, EngineConfig(max_batch=N_DET), FullFan(), FixedDepth(32))

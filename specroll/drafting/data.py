@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
+from specroll.inputs import read_json, regular
 from specroll.model.transformer import Transformer
 from specroll.tasks.sets import encode, prompt_set
 
@@ -251,7 +252,9 @@ class DraftData:
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
             raise ValueError(f"{self.path} is not a draft data directory (no meta.json)")
-        self.meta = json.loads(meta_path.read_text())
+        self.meta = read_json(meta_path, "draft data meta.json")
+        if not isinstance(self.meta, dict):
+            raise ValueError(f"{meta_path}: not a JSON object")
         if self.meta.get("format") != FORMAT:
             raise ValueError(f"{self.path}: data format {self.meta.get('format')} != {FORMAT}")
         shards = sorted(self.path.glob("shard-*.safetensors"))
@@ -259,7 +262,7 @@ class DraftData:
             raise ValueError(f"{self.path} holds no shards yet (run `specroll draft data`)")
         self.sequences: list[Sequence] = []
         for sh in shards:
-            t = load_file(str(sh))
+            t = load_file(str(regular(sh, "draft data shard")))
             off = t["offsets"].tolist()
             for i in range(len(off) - 1):
                 a, b = off[i], off[i + 1]

@@ -92,6 +92,13 @@ def config_from_hf(
     """The head's architecture from its config.json dict (SpecForge's, vLLM's or
     `Eagle3Config.to_hf`), checked against the target's; ValueError naming `source` (the
     file) and the field."""
+    try:
+        return _config_from_hf(hf, target_cfg, source)
+    except ValueError as e:
+        raise ValueError(str(e) if str(e).startswith(source) else f"{source}: {e}") from None
+
+
+def _config_from_hf(hf: dict[str, Any], target_cfg: ModelConfig, source: str) -> Eagle3Config:
     _check(hf, "hidden_size", target_cfg.hidden_size, "the target")
     _check(hf, "target_hidden_size", target_cfg.hidden_size, "the target")
     _check(hf, "vocab_size", target_cfg.vocab_size, "the target")

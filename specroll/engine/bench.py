@@ -25,6 +25,7 @@ from specroll.drafters.base import Drafter
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.prompts import BUILTIN_PROMPTS
 from specroll.engine.request import Request, SamplingParams
+from specroll.inputs import regular_entries
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.spec.metrics import SpecStats
@@ -63,6 +64,7 @@ def _hf_model(model_dir: str, device: torch.device, dtype: torch.dtype):
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     from transformers import AutoModelForCausalLM
 
+    regular_entries(model_dir, "model directory")  # no FIFO for a native reader to wait on
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False)
     return hf.to(device).eval()
 

@@ -25,6 +25,8 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 
+from specroll.inputs import regular
+
 # gguf architecture name -> (HF model_type, HF architecture class)
 SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
@@ -158,8 +160,9 @@ def read_gguf(gguf_path: Path) -> tuple[GGUFReader, dict[str, Any], str]:
     one place GGUF metadata is read: the converter and the bounds checked before a model
     is loaded (`rl.limits`) both start here, so they agree on what a file holds. Raises
     ValueError for a missing file, a non-GGUF file or an unsupported architecture."""
-    if not gguf_path.is_file():
+    if not gguf_path.exists():
         raise ValueError(f"GGUF file {str(gguf_path)!r} does not exist")
+    regular(gguf_path, "GGUF file")
     with gguf_path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"{str(gguf_path)!r} is not a GGUF file (bad magic)")

@@ -24,6 +24,7 @@ from specroll.inputs import check_finite, read_json, shown
 from specroll.model import lora
 from specroll.model.config import ModelConfig
 from specroll.model.lora import ATTENTION, MAX_ALPHA, TARGETS, LoraSpec, shape
+from specroll.outputs import atomic_path
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -193,7 +194,8 @@ def save(policy: torch.nn.Module, out_dir: str | Path, base: str) -> Path:
     for name, t in lora.adapters(policy).items():
         _, i, _, which, target = name.split(".")
         tensors[peft_name(int(i), target, which)] = t.detach().to(torch.float32).T.contiguous()
-    save_file(tensors, out / WEIGHTS, metadata={"format": "pt"})
+    with atomic_path(out / WEIGHTS) as tmp:  # (safetensors alone writes mode 0600)
+        save_file(tensors, tmp, metadata={"format": "pt"})
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

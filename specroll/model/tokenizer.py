@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from specroll.inputs import regular_entries
+
 
 class Tokenizer:
     """Thin wrapper: prompt text → ids (chat template applied when the model has one)."""
@@ -24,6 +26,8 @@ class Tokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         from transformers import AutoTokenizer
 
+        if Path(model_dir).is_dir():  # tokenizers reads in native code: no FIFO may wait
+            regular_entries(model_dir, "model directory")
         try:
             self.hf = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
         except (OSError, ValueError) as e:

@@ -21,6 +21,7 @@ from specroll.model.config import ModelConfig
 from specroll.model.lora import parts
 from specroll.model.ops import MATRICES
 from specroll.model.transformer import Transformer
+from specroll.outputs import atomic_path
 
 
 def load_state(
@@ -188,6 +189,8 @@ def save_model(model: Transformer, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in hf_state_dict(model)}
-    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    # atomic_path: whole or not at all, and readable by others (safetensors writes 0600)
+    with atomic_path(out_dir / "model.safetensors") as tmp:
+        save_file(tensors, tmp, metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(model.cfg.to_hf(), indent=2))
     return out_dir

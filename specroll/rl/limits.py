@@ -71,30 +71,24 @@ def read_model_config(model: str) -> ModelConfig:
     return read_config(path)
 
 
-def prompt_tokens(cfg: TrainConfig, items: list | None = None) -> int:
+def prompt_tokens(cfg: TrainConfig, items=None) -> int:
     """An upper bound on a prompt's tokens: one per UTF-8 byte of the longest
     conversation (`data.system_prompt` and every message) and response prefix (byte-level
     BPE and character tokenizers never make more), plus the chat template's
     `PROMPT_OVERHEAD_TOKENS` and `MESSAGE_OVERHEAD_TOKENS` per further message. items:
     the data files' problems (`task_items`); the procedural math task is sampled when it
     is the training data."""
-    from specroll.tasks.sets import chat
+    from specroll.tasks.records import prompt_bytes
 
-    items = list(items or [])
+    sp = cfg.data.system_prompt
+    longest = prompt_bytes(items or [], sp, MESSAGE_OVERHEAD_TOKENS)
     if not cfg.data.train:
         from specroll.tasks.sets import math_problems
 
         n = MATH_SAMPLE * len(cfg.data.levels)
-        items += math_problems(n, cfg.pipeline.seed, cfg.data.levels)
-
-    def size(p) -> int:
-        messages = chat(p, cfg.data.system_prompt)
-        text = sum(len(m["content"].encode()) for m in messages)
-        return (
-            text + len(p.response_prefix.encode()) + MESSAGE_OVERHEAD_TOKENS * (len(messages) - 1)
-        )
-
-    return max((size(p) for p in items), default=0) + PROMPT_OVERHEAD_TOKENS
+        math = math_problems(n, cfg.pipeline.seed, cfg.data.levels)
+        longest = max(longest, prompt_bytes(math, sp, MESSAGE_OVERHEAD_TOKENS))
+    return longest + PROMPT_OVERHEAD_TOKENS
 
 
 # ---------------------------------------------------------------------- the bounds

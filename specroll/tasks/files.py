@@ -24,7 +24,7 @@ import decimal
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,16 +109,12 @@ def read_records(
     path: str | Path, progress: Callable[[int, int], None] | None = None
 ) -> list[tuple[str, Any]]:
     """(where, record) of every record in a JSONL/JSON/Parquet/text file or Arrow directory;
-    `progress(lines read, lines)` is called as a JSONL or text file of more than
-    `PROGRESS_LINES` lines is read (a million records take seconds)."""
+    `progress(lines read, lines)` is called as a JSONL file of more than `PROGRESS_LINES`
+    lines is read (a million records take seconds)."""
     p = Path(path).expanduser()
     if p.is_dir():
         return _arrow_dir(p)
-    kind = special_kind(p)
-    if kind:
-        raise ValueError(f"prompt file {p} is {kind}, not a regular file")
-    if not p.is_file():
-        raise ValueError(f"prompt file {p} does not exist")
+    _check_file(p)
     if p.suffix == ".parquet":
         pq = _pyarrow(p, "parquet")
         try:
@@ -126,32 +122,73 @@ def read_records(
         except Exception as e:  # pyarrow's errors name no file
             raise ValueError(f"{p}: not a readable Parquet file ({e})") from e
         return _rows(table, p, p.name)
-    try:
-        text = decode(p.read_bytes())
-    except ValueError as e:
-        raise ValueError(f"{p}: {e}") from None
-    if p.suffix == ".json" and text.lstrip()[:1] == "[":
+    data = json_lines_bytes(p)
+    if data is not None:
+        return [(f"{p.name}:{i}", rec) for i, _, _, rec in json_lines(p, data, progress)]
+    text = _text(p, p.read_bytes())
+    if p.suffix == ".json":  # (json_lines_bytes took every other .json)
         return _json_array(p, text)
-    out = []
     # "\n" only: str.splitlines would also break at U+2028, U+0085 ... inside a string
     lines = text.split("\n")
-    del text
-    json_lines = p.suffix in (".jsonl", ".json")
-    for i, line in enumerate(lines, 1):
+    return [(f"{p.name}:{i}", x.strip()) for i, x in enumerate(lines, 1) if x.strip()]
+
+
+def _check_file(p: Path) -> None:
+    """ValueError unless `p` is an existing regular file."""
+    kind = special_kind(p)
+    if kind:
+        raise ValueError(f"prompt file {p} is {kind}, not a regular file")
+    if not p.is_file():
+        raise ValueError(f"prompt file {p} does not exist")
+
+
+def _text(p: Path, data: bytes) -> str:
+    try:
+        return decode(data)
+    except ValueError as e:
+        raise ValueError(f"{p}: {e}") from None
+
+
+def json_lines_bytes(p: Path) -> bytes | None:
+    """The bytes of `p` when it is a JSON-lines file (`.jsonl`, or a `.json` that is not
+    one array), checked to be UTF-8 text; None for any other form."""
+    if p.suffix not in (".jsonl", ".json"):
+        return None
+    _check_file(p)
+    data = p.read_bytes()
+    text = _text(p, data)
+    if p.suffix == ".json" and text.lstrip()[:1] == "[":
+        return None
+    return data
+
+
+def json_lines(
+    p: Path, data: bytes, progress: Callable[[int, int], None] | None = None
+) -> Iterator[tuple[int, int, int, Any]]:
+    """(line number, start, end, record) of each non-empty line of JSON-lines bytes `data`
+    (`json_lines_bytes`), `data[start:end]` being the line; `progress(lines read,
+    lines)` as in `read_records`."""
+    total = data.count(b"\n") + 1
+    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    for i in range(1, total + 1):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        line = data[start:end].decode("utf-8")
+        if line.strip():
+            yield i, start, end, json_line(p, line, i)
         if progress is not None and i % PROGRESS_LINES == 0:
-            progress(i, len(lines))
-        if not line.strip():
-            continue
-        if not json_lines:
-            out.append((f"{p.name}:{i}", line.strip()))
-            continue
-        rec = _json(p, line, i)
-        # a line with fewer brackets than MAX_NESTING cannot nest deeper: no walk needed
-        shallow = line.count("{") + line.count("[") < MAX_NESTING
-        out.append((f"{p.name}:{i}", rec if shallow else _plain(rec, f"{p}:{i}")))
-    if progress is not None and len(lines) >= PROGRESS_LINES:
-        progress(len(lines), len(lines))
-    return out
+            progress(i, total)
+        start = end + 1
+    if progress is not None and total >= PROGRESS_LINES:
+        progress(total, total)
+
+
+def json_line(p: Path, line: str, i: int) -> Any:
+    """The record on line `i` of `p`, checked for nesting."""
+    rec = _json(p, line, i)
+    # a line with fewer brackets than MAX_NESTING cannot nest deeper: no walk needed
+    shallow = line.count("{") + line.count("[") < MAX_NESTING
+    return rec if shallow else _plain(rec, f"{p}:{i}")
 
 
 def _json(p: Path, text: str, line: int) -> Any:

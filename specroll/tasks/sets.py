@@ -15,14 +15,15 @@ validation (`data_source`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specroll.tasks.arithmetic import Problem, generate_problems
 from specroll.tasks.chat import chat_prompts
-from specroll.tasks.files import read_records
+from specroll.tasks.files import json_line, json_lines, json_lines_bytes, read_records
+from specroll.tasks.records import FileProblems, Lines, Shapes
 
 DEFAULT_LEVELS = (1, 2)
 """Levels of the default math mix (SmolLM2 starts at ~15%: see arithmetic.py)."""
@@ -174,14 +175,36 @@ def load_file(
     keys: Keys = Keys(),
     prefix: str = "",
     progress: Callable[[int, int], None] | None = None,
-) -> list[Problem]:
+) -> Sequence[Problem]:
     """Prompts (and answers when present) from a JSONL, Parquet, text file or a
     save_to_disk directory; `prefix` starts every reply (`data.response_prefix`),
-    `progress` hears how far the file is read (`files.read_records`)."""
-    out = [_record(rec, where, keys, prefix) for where, rec in read_records(path, progress)]
+    `progress` hears how far the file is read (`files.read_records`). A JSON-lines file's
+    problems are a `records.FileProblems`: checked whole now, built when used."""
+    p = Path(path).expanduser()
+    data = None if p.is_dir() else json_lines_bytes(p)
+    if data is None:
+        out = [_record(rec, where, keys, prefix) for where, rec in read_records(p, progress)]
+    else:
+        out = _file_problems(p, data, keys, prefix, progress)
     if not out:
         raise ValueError(f"prompt file {path} holds no prompts")
     return out
+
+
+def _file_problems(p: Path, data: bytes, keys: Keys, prefix: str, progress) -> FileProblems:
+    """Every line of JSON-lines `data` checked as a problem; what is kept of each is its
+    line's place and its `Shapes`."""
+    lines, shapes = Lines(data), Shapes()
+    for i, start, end, rec in json_lines(p, data, progress):
+        shapes.add(_record(rec, f"{p.name}:{i}", keys, prefix))
+        lines.starts.append(start)
+        lines.ends.append(end)
+        lines.numbers.append(i)
+
+    def build(text: str, i: int) -> Problem:
+        return _record(json_line(p, text, i), f"{p.name}:{i}", keys, prefix)
+
+    return FileProblems(lines, shapes, build)
 
 
 def prompt_set(spec: str, n: int, seed: int = 0) -> list[Problem]:

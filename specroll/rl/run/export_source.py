@@ -13,11 +13,11 @@ its draft, its tokenizer and the run's settings.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specroll.drafting.trainable import TrainableDraft, load_draft, new_draft
+from specroll.inputs import read_json
 from specroll.model import lora, peft_io
 from specroll.model.transformer import Transformer
 from specroll.model.untrusted import UnreadableFile, load_tensors
@@ -47,11 +47,7 @@ class Source:
 
 
 def _run_config(run: Path) -> dict:
-    f = run / "config.json"
-    try:
-        return json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{f}: unreadable ({getattr(e, 'strerror', None) or e})") from e
+    return read_json(run / "config.json", "run config")
 
 
 def _checkpoint(path: Path, skipped: list[str] | None = None) -> Source:
@@ -111,7 +107,7 @@ def _draft_spec(src: Source, state: dict) -> dict | None:
     final = src.path.parent.parent / "draft" / "config.json"
     if final.is_file():
         kind = "mtp" if (final.parent / "mtp.safetensors").is_file() else "eagle3"
-        return {"kind": kind, "config": json.loads(final.read_text())}
+        return {"kind": kind, "config": read_json(final, "draft config")}
     return None
 
 

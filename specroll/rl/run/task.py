@@ -12,7 +12,7 @@ its base seed is defined in this file, once (the profile's prompts: engine.profi
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +20,7 @@ import torch
 from specroll.engine.request import Request, SamplingParams
 from specroll.rl.config import MAX_REFILL_ROUNDS, REQUESTS_PER_STEP, STEP_STRIDE, TrainConfig
 from specroll.tasks.arithmetic import Problem
+from specroll.tasks.records import Joined, missing_answers
 from specroll.tasks.rewards import RewardSet, Sample
 from specroll.tasks.sets import Keys, encode, load_file, math_problems
 
@@ -45,18 +46,18 @@ def step_seed(base: int, step: int) -> int:
 class TaskFiles:
     """The problems of a run's data files (None: not given)."""
 
-    train: list[Problem] | None
+    train: Sequence[Problem] | None
     """`data.train`; None = the procedural math task."""
-    val: list[Problem] | None
+    val: Sequence[Problem] | None
     """`data.val`, its first `data.val_size` records; None = held out of train."""
 
-    def all(self) -> list[Problem] | None:
+    def all(self) -> Joined | None:
         """Every problem of the files (what `rl.budget` bounds), or None without files."""
         if self.train is None and self.val is None:
             return None
-        return (self.train or []) + (self.val or [])
+        return Joined([self.train or [], self.val or []])
 
-    def training(self, val_size: int) -> list[Problem] | None:
+    def training(self, val_size: int) -> Sequence[Problem] | None:
         """The problems a run trains on: the training file's, less the last `val_size`
         when they are held out for validation (no data.val); None = the math task."""
         if self.train is None or self.val is not None:
@@ -109,8 +110,8 @@ def _read_files(cfg: TrainConfig, progress) -> TaskFiles:
     train = read("data.train", d.train) if d.train else None
     val = read("data.val", d.val)[: d.val_size] if d.val else None
     for name, items in (("data.train", train), ("data.val", val)):
-        missing = [p.uid for p in items or [] if not p.answer]
-        if missing and cfg.reward.needs_answers:
+        missing = missing_answers(items or []) if cfg.reward.needs_answers else []
+        if missing:
             raise ValueError(
                 f"{name}: records without an answer (field {d.answer_key!r}"
                 + (", or reward_model.ground_truth" if d.answer_key == "answer" else "")
@@ -155,7 +156,7 @@ def math_pool(n: int, seed: int, levels: tuple[int, ...], exclude: set[str]) -> 
         size *= 2
 
 
-def task_items(cfg: TrainConfig, progress=None) -> list[Problem] | None:
+def task_items(cfg: TrainConfig, progress=None) -> Joined | None:
     """Every problem of the run's data files (what `rl.budget` bounds), or None when it
     has none (`progress`: as `task_files`)."""
     return task_files(cfg, progress).all()
@@ -269,7 +270,8 @@ class Task:
             candidates = math_problems(4 * P, seed, d.levels)
         else:
             gen = torch.Generator().manual_seed(seed)
-            candidates = [self.pool[int(i)] for i in torch.randperm(len(self.pool), generator=gen)]
+            order = torch.randperm(len(self.pool), generator=gen).tolist()
+            candidates = (self.pool[i] for i in order)  # built as far as they are read
         seen = {p.prompt for p in used}
         out = []
         for p in candidates:
