@@ -34,8 +34,8 @@ def test_a_large_data_file_is_read_once_with_progress(home, tmp_path, capsys, mo
     data.write_text("".join(json.dumps({"prompt": f"{i} + 1?", "answer": str(i + 1)}) + "\n"
                             for i in range(lines)))  # fmt: skip
     reads = []
-    real = sets.read_records
-    monkeypatch.setattr(sets, "read_records", lambda *a: reads.append(a[0]) or real(*a))
+    real = sets.json_lines  # the pass that reads and checks every line
+    monkeypatch.setattr(sets, "json_lines", lambda *a: reads.append(str(a[0])) or real(*a))
     start = time.monotonic()
     assert train_tiny(tmp_path / "run", "--steps", "1", "--set", f"data.train={data}") == 0
     assert time.monotonic() - start < 120
@@ -43,6 +43,31 @@ def test_a_large_data_file_is_read_once_with_progress(home, tmp_path, capsys, mo
     err = capsys.readouterr().err
     assert "reading data.train (lines): started (total 60001)" in err
     assert "reading data.train (lines): done" in err
+
+
+def test_a_jsonl_files_problems_are_kept_as_its_bytes_and_built_as_read(tmp_path):
+    import tracemalloc
+
+    from specroll.tasks.sets import load_file
+
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1), "i": i} for i in range(60_000)]
+    lines = tmp_path / "d.jsonl"
+    lines.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    array = tmp_path / "d.json"
+    array.write_text(json.dumps(rows))
+    tracemalloc.start()
+    try:
+        kept = load_file(lines)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < 3 * lines.stat().st_size  # the bytes and a few numbers a record
+    whole = load_file(array)  # the same records, each built at once
+    assert len(kept) == len(whole) == 60_000
+    for i in (0, 1, 59_999, -1):
+        a, b = kept[i], whole[i]
+        assert (a.prompt, a.answer, a.record) == (b.prompt, b.answer, b.record)
+    assert kept[7].uid == "d.jsonl:8" and kept[10:20][3].uid == "d.jsonl:14"
 
 
 # ------------------------------------------------------------------- cost profiles
@@ -101,6 +126,8 @@ def test_a_damaged_cached_profile_is_measured_again_never_used(tiny_model, tmp_p
     path.write_text("{}")  # without MEASURE: a quick profile, the damaged file gone
     cm = P.cached_profile(tiny_model, d, [[1, 2, 3]], log=heard.append)
     assert cm.fixed > 0 and not path.exists()
+    # the quick profile says it is measuring before it measures (minutes on a busy machine)
+    assert heard[-2].startswith("a quick hardware profile for adaptive depth: measuring")
 
 
 # ------------------------------------------------------------------ benchmark scripts

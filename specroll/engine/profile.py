@@ -219,7 +219,11 @@ def quick_profile(
     corrects from the engine's own iterations, so a run starts at once instead of
     spending minutes measuring first. Never cached, never marked stale."""
     t0 = time.perf_counter()
-    cm = profile(model, drafter, prompts, log=lambda _: None, **QUICK)
+    log(
+        "a quick hardware profile for adaptive depth: measuring (seconds; longer on a busy machine)"
+    )
+    # its stages as they end: a loaded machine takes minutes, never in silence
+    cm = profile(model, drafter, prompts, log=lambda m: log(f"quick profile: {m}"), **QUICK)
     cm.meta["quick"] = True
     log(f"a quick hardware profile for adaptive depth in {time.perf_counter() - t0:.1f} s")
     return cm

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from specroll.inputs import shown
+
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -277,9 +279,11 @@ def bounded_size(name: str, value: Any, limit: int, zero: bool = False) -> None:
     """ValueError naming `name` unless `value` is an integer in 1..limit (0..limit with
     `zero`, for a size where 0 means "derived"); JSON's 1e10 is a float and refused."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} must be an integer")
+        raise ValueError(f"{name}={shown(value)} must be an integer")
     if not (0 if zero else 1) <= value <= limit:
-        raise ValueError(f"{name}={value} is out of range; allowed: {int(not zero)}..{limit}")
+        raise ValueError(
+            f"{name}={shown(value)} is out of range; allowed: {int(not zero)}..{limit}"
+        )
 
 
 def check_draft_size(layer: ModelConfig, target: ModelConfig, what: str) -> None:
