@@ -5,8 +5,8 @@ checkpoint, YAML's nesting and size bounds, keys and numbers that cannot be prin
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,9 +19,6 @@ from specroll.rl.config.io import set_value
 from specroll.rl.run import checkpoint
 from tests.conftest import fails_clearly, train_tiny
 from tests.test_depth import measured  # noqa: F401 (a fixture)
-
-ROOT = Path(__file__).parent.parent
-
 
 # ---------------------------------------------------------------- a large data file
 
@@ -133,49 +130,53 @@ def test_a_damaged_cached_profile_is_measured_again_never_used(tiny_model, tmp_p
 # ------------------------------------------------------------------ benchmark scripts
 
 
-def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+def _bench(capsys, monkeypatch, script: str, *args: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `benchmarks/SCRIPT ARGS`, run in this process."""
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{script}")
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *args])
+    capsys.readouterr()
+    try:
+        module.main(list(args)) if script == "gpu_check" else module.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def _one_line(p: subprocess.CompletedProcess, *needles: str) -> None:
-    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+def _one_line(got: tuple[int, str, str], *needles: str) -> None:
+    code, _, err = got
+    assert code == 2 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
     for needle in needles:
-        assert needle in p.stderr, p.stderr
+        assert needle in err, err
 
 
-@pytest.fixture(scope="module")
-def finished_tiny(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("bench")
-    import os
-
-    env = {**os.environ, "SPECROLL_HOME": str(root / "home")}
-    cmd = [sys.executable, "-m", "specroll.cli", "train", "--preset", "tiny", "--steps", "2",
-           "--out", str(root / "run")]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=300)
-    return root / "run"
-
-
-def test_benchmarks_read_a_finished_run_and_refuse_mistakes_in_one_line(finished_tiny, tmp_path):
-    run = finished_tiny
-    done = _bench("start_options.py", f"a={run}", f"b={run}@12", "--reference", "a")
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1])["mean_reward"].keys() == {"a", "b"}
-    _one_line(_bench("start_options.py", f"a={run}@soon"), "SECONDS a number")
-    _one_line(_bench("start_options.py", str(run)), "expected NAME=RUN_DIR[@SECONDS]")
-    _one_line(_bench("lora_runs.py", f"a={tmp_path}"), "not a run directory")
+def test_benchmarks_read_a_finished_run_and_refuse_mistakes_in_one_line(
+    home, tmp_path, capsys, monkeypatch
+):
+    run = tmp_path / "run"
+    assert train_tiny(run, "--steps", "2") == 0
+    code, out, err = _bench(capsys, monkeypatch, "start_options", f"a={run}", f"b={run}@12")
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["mean_reward"].keys() == {"a", "b"}
+    bench = functools.partial(_bench, capsys, monkeypatch)
+    _one_line(bench("start_options", f"a={run}@soon"), "SECONDS a number")
+    _one_line(bench("start_options", str(run)), "expected NAME=RUN_DIR[@SECONDS]")
+    _one_line(bench("lora_runs", f"a={tmp_path}"), "not a run directory")
     missing = str(tmp_path / "nowhere" / "x.png")
-    _one_line(_bench("start_options.py", f"a={run}", "--plot", missing), "does not exist")
+    _one_line(bench("start_options", f"a={run}", "--plot", missing), "does not exist")
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (damaged / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1][:30] + "\n")
-    for script in ("start_options.py", "lora_runs.py"):
-        _one_line(_bench(script, f"a={damaged}"), f"{damaged / 'metrics.jsonl'}:2: not a JSON")
+    for script in ("start_options", "lora_runs"):
+        _one_line(bench(script, f"a={damaged}"), f"{damaged / 'metrics.jsonl'}:2: not a JSON")
     start = time.monotonic()
-    _one_line(_bench("gpu_check.py", "--device", "cpu", "--out", missing), "does not exist")
-    assert time.monotonic() - start < 10  # refused before any work
+    _one_line(bench("gpu_check", "--device", "cpu", "--out", missing), "does not exist")
+    assert time.monotonic() - start < 2  # refused before any work
 
 
 # --------------------------------------------------------------------- small ones

@@ -82,9 +82,12 @@ def build_draft(
         path = default_draft(policy, tok, policy_dir, progress=progress, kind=kind, prompts=prompts)
     else:
         path = Path(init)
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").exists():
             raise ValueError(f"draft.init={init!r}: expected one of {INITS} or a draft directory")
-    draft = load_draft(path, policy)
+    try:
+        draft = load_draft(path, policy)
+    except ValueError as e:  # the file and field it names, and the setting that chose it
+        raise ValueError(f"draft.init={str(path)!r}: {e}") from None
     if draft.kind != kind:
         raise ValueError(
             f"draft.init={init!r} holds a {draft.kind} draft but rollout.drafter="
