@@ -89,6 +89,27 @@ def _native_names(naming: str, cfg: MTPConfig, L: int) -> dict[str, list[str]]:
     return plan
 
 
+def _native_heads(where: dict, naming: str, L: int, model_dir: Path) -> tuple[str, int]:
+    """(naming, number of heads) of a checkpoint whose tensor names are `where`'s keys,
+    on a target of L layers ("auto": the naming its tensors use)."""
+    if naming == "auto":
+        if any(k.startswith("mtp.") for k in where):
+            naming = "qwen3_next"
+        elif f"model.layers.{L}.eh_proj.weight" in where:
+            naming = "deepseek_v3"
+        else:
+            raise ValueError(f"{model_dir} has no native MTP tensors (mtp.* or layers.{L}.*)")
+    if naming == "qwen3_next":
+        idx = [int(m.group(1)) for k in where if (m := re.match(r"mtp\.layers\.(\d+)\.", k))]
+        return naming, max(idx, default=0) + 1
+    if naming == "deepseek_v3":
+        n = 1
+        while f"model.layers.{L + n}.eh_proj.weight" in where:
+            n += 1
+        return naming, n
+    raise ValueError(f"naming={naming!r}; allowed: auto, qwen3_next, deepseek_v3")
+
+
 def load_native_mtp(
     model_dir: str | Path,
     target: Transformer,
@@ -114,22 +135,7 @@ def load_native_mtp(
             raise ValueError(f"weight file {f} is corrupt or unreadable: {e}") from e
         where.update(dict.fromkeys(handles[f].keys(), f))
     L = target.cfg.num_layers
-    if naming == "auto":
-        if any(k.startswith("mtp.") for k in where):
-            naming = "qwen3_next"
-        elif f"model.layers.{L}.eh_proj.weight" in where:
-            naming = "deepseek_v3"
-        else:
-            raise ValueError(f"{model_dir} has no native MTP tensors (mtp.* or layers.{L}.*)")
-    if naming == "qwen3_next":
-        idx = [int(m.group(1)) for k in where if (m := re.match(r"mtp\.layers\.(\d+)\.", k))]
-        n = max(idx, default=0) + 1
-    elif naming == "deepseek_v3":
-        n = 1
-        while f"model.layers.{L + n}.eh_proj.weight" in where:
-            n += 1
-    else:
-        raise ValueError(f"naming={naming!r}; allowed: auto, qwen3_next, deepseek_v3")
+    naming, n = _native_heads(where, naming, L, model_dir)
     try:  # n comes from the tensor names: bounded before anything is allocated
         cfg = MTPConfig.for_target(
             target.cfg, n, own_final_norm=True, feed_back_normed=naming == "qwen3_next"

@@ -266,24 +266,10 @@ def cached_profile(
     if p.dtype != torch.float32:
         key += f"-{str(p.dtype).removeprefix('torch.')}"
     cached = home() / "profiles" / f"{key}-{drafter.name}.json"
-    if cached.exists():
-        try:
-            cm = CostModel.load(cached, "cached profile")
-        except ValueError as e:  # damaged (cut short, edited): measured again, not used
-            cm = CostModel(meta={"damaged": str(e)})
-        if cm.meta.get("damaged"):
-            log(f"{cm.meta['damaged']}: not used, removed")
-            with contextlib.suppress(OSError):
-                cached.unlink()
-        elif cm.meta.get("format") != FORMAT:
-            log(f"{cached} was measured for an older cost model: not used")
-        elif drafter.tree and cm.meta.get("tree_points") is None:
-            log(f"{cached} has no tree verification terms: not used")
-        elif cm.meta.get("stale"):
-            log(f"{cached} disagreed with measured iteration times ({cm.meta['stale']}): not used")
-        else:
-            cm.meta["cache_path"] = str(cached)
-            return cm
+    cm = _usable(cached, drafter, log) if cached.exists() else None
+    if cm is not None:
+        cm.meta["cache_path"] = str(cached)
+        return cm
     if not measure:
         return quick_profile(model, drafter, prompts, log)
     log(f"measuring a hardware profile for adaptive depth (once; saved to {cached})")
@@ -292,3 +278,24 @@ def cached_profile(
     cm.save(cached)
     cm.meta["cache_path"] = str(cached)
     return cm
+
+
+def _usable(cached: Path, drafter: Drafter, log: Callable[[str], None]) -> CostModel | None:
+    """The cached profile, or None (saying why) when it is damaged (then removed), of an
+    older format, without the tree terms `drafter` needs, or marked stale."""
+    try:
+        cm = CostModel.load(cached, "cached profile")
+    except ValueError as e:  # damaged (cut short, edited): measured again, never used
+        log(f"{e}: not used, removed")
+        with contextlib.suppress(OSError):
+            cached.unlink()
+        return None
+    if cm.meta.get("format") != FORMAT:
+        log(f"{cached} was measured for an older cost model: not used")
+    elif drafter.tree and cm.meta.get("tree_points") is None:
+        log(f"{cached} has no tree verification terms: not used")
+    elif cm.meta.get("stale"):
+        log(f"{cached} disagreed with measured iteration times ({cm.meta['stale']}): not used")
+    else:
+        return cm
+    return None

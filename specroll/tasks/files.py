@@ -112,9 +112,24 @@ def read_records(
     `progress(lines read, lines)` is called as a JSONL file of more than `PROGRESS_LINES`
     lines is read (a million records take seconds)."""
     p = Path(path).expanduser()
+    source = read_source(p)
+    if isinstance(source, bytes):
+        return [(f"{p.name}:{i}", rec) for i, _, _, rec in json_lines(p, source, progress)]
+    return source
+
+
+def read_source(path: str | Path) -> bytes | list[tuple[str, Any]]:
+    """A data file read once: a JSON-lines file (`.jsonl`, or a `.json` that is not one
+    array) as its bytes, checked to be UTF-8 text, for `json_lines` to parse; any other
+    form as its (where, record) pairs (`read_records`)."""
+    p = Path(path).expanduser()
     if p.is_dir():
         return _arrow_dir(p)
-    _check_file(p)
+    kind = special_kind(p)
+    if kind:
+        raise ValueError(f"prompt file {p} is {kind}, not a regular file")
+    if not p.is_file():
+        raise ValueError(f"prompt file {p} does not exist")
     if p.suffix == ".parquet":
         pq = _pyarrow(p, "parquet")
         try:
@@ -122,51 +137,25 @@ def read_records(
         except Exception as e:  # pyarrow's errors name no file
             raise ValueError(f"{p}: not a readable Parquet file ({e})") from e
         return _rows(table, p, p.name)
-    data = json_lines_bytes(p)
-    if data is not None:
-        return [(f"{p.name}:{i}", rec) for i, _, _, rec in json_lines(p, data, progress)]
-    text = _text(p, p.read_bytes())
-    if p.suffix == ".json":  # (json_lines_bytes took every other .json)
+    data = p.read_bytes()
+    try:
+        text = decode(data)
+    except ValueError as e:
+        raise ValueError(f"{p}: {e}") from None
+    if p.suffix == ".json" and text.lstrip()[:1] == "[":
         return _json_array(p, text)
+    if p.suffix in (".jsonl", ".json"):
+        return data
     # "\n" only: str.splitlines would also break at U+2028, U+0085 ... inside a string
     lines = text.split("\n")
     return [(f"{p.name}:{i}", x.strip()) for i, x in enumerate(lines, 1) if x.strip()]
-
-
-def _check_file(p: Path) -> None:
-    """ValueError unless `p` is an existing regular file."""
-    kind = special_kind(p)
-    if kind:
-        raise ValueError(f"prompt file {p} is {kind}, not a regular file")
-    if not p.is_file():
-        raise ValueError(f"prompt file {p} does not exist")
-
-
-def _text(p: Path, data: bytes) -> str:
-    try:
-        return decode(data)
-    except ValueError as e:
-        raise ValueError(f"{p}: {e}") from None
-
-
-def json_lines_bytes(p: Path) -> bytes | None:
-    """The bytes of `p` when it is a JSON-lines file (`.jsonl`, or a `.json` that is not
-    one array), checked to be UTF-8 text; None for any other form."""
-    if p.suffix not in (".jsonl", ".json"):
-        return None
-    _check_file(p)
-    data = p.read_bytes()
-    text = _text(p, data)
-    if p.suffix == ".json" and text.lstrip()[:1] == "[":
-        return None
-    return data
 
 
 def json_lines(
     p: Path, data: bytes, progress: Callable[[int, int], None] | None = None
 ) -> Iterator[tuple[int, int, int, Any]]:
     """(line number, start, end, record) of each non-empty line of JSON-lines bytes `data`
-    (`json_lines_bytes`), `data[start:end]` being the line; `progress(lines read,
+    (`read_source`), `data[start:end]` being the line; `progress(lines read,
     lines)` as in `read_records`."""
     total = data.count(b"\n") + 1
     start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, overload
 
 from specroll.tasks.arithmetic import Problem
@@ -90,8 +91,9 @@ class FileProblems(Sequence[Problem]):
 def missing_answers(items: Iterable[Problem], n: int = 5) -> list[str]:
     """The uids of the first `n` problems without an answer."""
     if isinstance(items, FileProblems):
-        idx = [j for j in items.span if not items.shapes.answered[j]][:n]
-        return [items[items.span.index(j)].uid for j in idx]
+        answered = items.shapes.answered
+        missing = (k for k, j in enumerate(items.span) if not answered[j])
+        return [items[k].uid for k in islice(missing, n)]
     return [p.uid for p in items if not p.answer][:n]
 
 
@@ -101,28 +103,26 @@ def prompt_bytes(
     """The largest of the problems' prompts in bytes, as `limits.prompt_tokens` bounds
     them: their messages' contents, `system_prompt` where a problem has no system message
     of its own, its reply's prefix and `per_message` for each message after the first;
-    0 for none. `items` may be a `Joined`."""
+    0 for none. `items` may be a `Joined`; a `FileProblems` is measured from its
+    `Shapes`, without building a problem."""
     if isinstance(items, Joined):
         return max((prompt_bytes(p, system_prompt, per_message) for p in items.parts), default=0)
-    extra = len(system_prompt.encode())
     if isinstance(items, FileProblems):
-        s = items.shapes
-        prefix = len(items[0].response_prefix.encode()) if len(items) else 0
-        best = 0
-        for j in items.span:
-            n, size = s.messages[j], s.text[j]
-            if system_prompt and not s.system[j]:
-                n, size = n + 1, size + extra
-            best = max(best, size + per_message * (n - 1))
-        return best + prefix if len(items) else 0
-    best = 0
-    for p in items:
-        s = Shapes()
-        s.add(p)
-        n, size = s.messages[0], s.text[0]
-        if system_prompt and not s.system[0]:
+        s, span = items.shapes, items.span
+        prefix = len(items[0].response_prefix.encode()) if span else 0
+        prefixes = [prefix] * len(span)
+    else:
+        s, prefixes = Shapes(), []
+        for p in items:
+            s.add(p)
+            prefixes.append(len(p.response_prefix.encode()))
+        span = range(len(prefixes))
+    extra, best = len(system_prompt.encode()), 0
+    for j, prefix in zip(span, prefixes, strict=True):
+        n, size = s.messages[j], s.text[j]
+        if system_prompt and not s.system[j]:  # the system prompt goes first
             n, size = n + 1, size + extra
-        best = max(best, size + len(p.response_prefix.encode()) + per_message * (n - 1))
+        best = max(best, size + prefix + per_message * (n - 1))
     return best
 
 

@@ -2,7 +2,7 @@
 
 Used by the RL loop (prompts with answers) and by drafter data collection (`--prompts
 math|chat|FILE`), so a draft is trained on exactly the distribution the policy will be
-asked to roll out. Files (read by `files.read_records`): JSONL, a JSON array, Parquet or a
+asked to roll out. Files (read by `files.read_source`): JSONL, a JSON array, Parquet or a
 `datasets.save_to_disk` directory of records, or plain text, one prompt per line. A record
 holds its prompt under `Keys.prompt` (a string, or a list of chat messages kept whole:
 system and earlier turns go to the chat template; roles are CHAT_ROLES, and the text of a
@@ -22,7 +22,7 @@ from typing import Any
 
 from specroll.tasks.arithmetic import Problem, generate_problems
 from specroll.tasks.chat import chat_prompts
-from specroll.tasks.files import json_line, json_lines, json_lines_bytes, read_records
+from specroll.tasks.files import json_line, json_lines, read_source
 from specroll.tasks.records import FileProblems, Lines, Shapes
 
 DEFAULT_LEVELS = (1, 2)
@@ -178,14 +178,14 @@ def load_file(
 ) -> Sequence[Problem]:
     """Prompts (and answers when present) from a JSONL, Parquet, text file or a
     save_to_disk directory; `prefix` starts every reply (`data.response_prefix`),
-    `progress` hears how far the file is read (`files.read_records`). A JSON-lines file's
+    `progress` hears how far a JSON-lines file is read (`files.json_lines`). A JSON-lines file's
     problems are a `records.FileProblems`: checked whole now, built when used."""
     p = Path(path).expanduser()
-    data = None if p.is_dir() else json_lines_bytes(p)
-    if data is None:
-        out = [_record(rec, where, keys, prefix) for where, rec in read_records(p, progress)]
+    source = read_source(p)
+    if isinstance(source, bytes):
+        out = _file_problems(p, source, keys, prefix, progress)
     else:
-        out = _file_problems(p, data, keys, prefix, progress)
+        out = [_record(rec, where, keys, prefix) for where, rec in source]
     if not out:
         raise ValueError(f"prompt file {path} holds no prompts")
     return out
