@@ -39,8 +39,9 @@ drafters build their trees on the host and propose eagerly before the graph (the
 tensors go in pinned, through the buffers); commits run after it.
 
 `STATIC_ON` names the device types that take this path when `EngineConfig.cuda_graphs`
-is on. The tests add the CPU to it: there "capture" keeps the function and "replay"
-calls it again, which checks that the step reads every input from its buffers.
+is on. The tests add the CPU to it: there capture records the step's ATen operations as
+it runs and replay runs them again without the step's Python (`engine.replay`), as a CUDA
+graph replays its kernels, so a host value frozen at capture fails a CPU test too.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from specroll.engine import replay
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Batch sizes a step is padded to (the last bucket that fits the cache's slots)."""
@@ -169,7 +172,7 @@ class Graphs:
             return step()
         t = time.perf_counter()
         try:
-            replay = self._capture(step)
+            replay, out = self._capture(step)
         except Exception as e:  # any capture failure leaves the key eager
             self.failed[key] = f"{type(e).__name__}: {str(e).strip()[:300]}"
             if len(self.failed) == 1:
@@ -182,11 +185,14 @@ class Graphs:
         finally:
             self.capture_s += time.perf_counter() - t
         self._runs[key] = replay
-        return replay()
+        return replay() if out is None else out
 
-    def _capture(self, step: Callable[[], tuple]) -> Callable[[], tuple]:
-        if not self.cuda:  # the CPU stand-in: the same function over the same buffers
-            return step
+    def _capture(self, step: Callable[[], tuple]) -> tuple[Callable[[], tuple], tuple | None]:
+        """(the replay of step, what capturing it returned: None where capture records
+        without running)."""
+        if not self.cuda:  # the stand-in: ATen operations recorded as they run
+            rec = replay.record(step)
+            return rec, rec.outputs_tree()
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
@@ -195,8 +201,8 @@ class Graphs:
         self._pool = graph.pool()
         self.pool_bytes += torch.cuda.memory_reserved(self.device) - before
 
-        def replay() -> tuple:
+        def run() -> tuple:
             graph.replay()
             return out
 
-        return replay
+        return run, None
