@@ -105,7 +105,7 @@ def main() -> None:
             if rnd:
                 runs[name].append((tokens, seconds))
                 if name != "plain":
-                    tpi[name].append(stats.tokens_per_forward)
+                    tpi[name].append(stats.tokens_per_target_forward)
             rnd_s = f"round {rnd}/{args.repeats}"
             print(f"{rnd_s} {name}: {tokens / seconds:.1f} tok/s", file=sys.stderr, flush=True)
 
@@ -123,7 +123,7 @@ def main() -> None:
             "speedup_min": round(min(ratios), 4),
             "speedup_max": round(max(ratios), 4),
             "p_vs_plain": round(signflip_p(logs[name], logs["plain"]), 4),
-            "tokens_per_iter": round(statistics.median(tpi[name]), 4),
+            "tokens_per_target_forward": round(statistics.median(tpi[name]), 4),
         }
     own_vs = {  # the run's drafter against each other one: its rate over theirs
         other: {

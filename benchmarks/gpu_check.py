@@ -20,7 +20,7 @@ In order of importance (past `--budget-s` the rest is skipped and listed as skip
 4. the simulator's tree inputs (trees of 4, random chains of 4 and 16) at Qwen3-8B's
    shape, then every other mode (chains of 1 and 5, trees of 64) and batch, Qwen3-1.7B
    and its anchor.
-The dry run (`--device cpu`) takes the graph path's CPU stand-in (`graphs.STATIC_ON`).
+The dry run (`--device cpu`) takes the graph path's CPU stand-in (`graphs.CAPTURE_ON`).
 Weights are random (a forward's time does not depend on them), made on the device in the
 run's dtype. A shape's HBM floor is the weight bytes a decode iteration reads over a
 measured device-to-device copy rate. A failing row (out of memory, the graph path) is
@@ -62,7 +62,7 @@ from specroll.device import (
     synchronize,
 )
 from specroll.drafters.eagle3 import Eagle3Drafter
-from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams, graphs
 from specroll.engine.depth import FixedDepth
 from specroll.engine.profile import RandomTree
@@ -337,8 +337,8 @@ class Check:
             row |= {"ms_per_iter": ms, "forwards": forwards[mode, on]}
             # what the graph path reports of the last run, whatever its fields' names
             graph = {k: v for k, v in vars(eng.stats).items() if "graph" in k or "capture" in k}
-            if eng.step_graphs is not None and eng.step_graphs.failed:  # why, for the report
-                graph["failed"] = sorted(set(eng.step_graphs.failed.values()))[:3]
+            if eng.captured is not None and eng.captured.failed:  # why, for the report
+                graph["failed"] = sorted(set(eng.captured.failed.values()))[:3]
             self.add_row(row | {"graph_stats": graph})
         engines.clear()
         self.free()
@@ -573,9 +573,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the check; print and return the report (its JSON is the last stdout line)."""
     args = parse(argv)
     check = Check(args)
-    static = graphs.STATIC_ON
+    static = graphs.CAPTURE_ON
     if check.dev.type == "cpu":  # a dry run takes the graph path's CPU stand-in too
-        graphs.STATIC_ON = (*static, "cpu")
+        graphs.CAPTURE_ON = (*static, "cpu")
     alarm = (  # the hard deadline interrupts whatever runs; the report still comes
         hasattr(signal, "setitimer")
         and threading.current_thread() is threading.main_thread()
@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except Deadline:
         check.skipped.append({"step": "(run)", "reason": "interrupted at the deadline"})
     finally:
-        graphs.STATIC_ON = static
+        graphs.CAPTURE_ON = static
         watchdog.cancel()
         if alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)

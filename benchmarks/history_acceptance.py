@@ -79,7 +79,7 @@ def main() -> None:
                     k,
                     args.new_tokens,
                 )
-                pred.append(w.tokens_per_forward)
+                pred.append(w.tokens_per_target_forward)
                 walked = w if walked is None else walked + w
                 d = copy.deepcopy(base)
                 eng = Engine(model, EngineConfig(max_batch=args.group), d, FixedDepth(k))
@@ -95,13 +95,13 @@ def main() -> None:
                     args.new_tokens,
                 )
                 exact &= (own.row_forwards, own.emitted) == (s.row_forwards, s.emitted_tokens)
-                meas.append(s.tokens_per_forward)
+                meas.append(s.tokens_per_target_forward)
                 measured = s if measured is None else measured.merged([measured, s])
             row = {
                 "temperature": t,
                 "drafter": f"history {'chain' if chain else 'tree'} k={k}",
-                "predicted_tokens_per_iter": round(walked.tokens_per_forward, 4),
-                "measured_tokens_per_iter": round(measured.tokens_per_forward, 4),
+                "predicted_tokens_per_target_forward": round(walked.tokens_per_target_forward, 4),
+                "measured_tokens_per_target_forward": round(measured.tokens_per_target_forward, 4),
                 "predicted_se": round(stderr(pred), 4),
                 "measured_se": round(stderr(meas), 4),
                 "walk_on_engine_samples_equals_measured": exact,

@@ -24,8 +24,8 @@ from specroll.drafters.eagle3 import Eagle3Drafter
 from specroll.drafters.history import HistoryDrafter
 from specroll.drafters.mtp import MTPDrafter
 from specroll.drafters.ngram import NgramDrafter
-from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
-from specroll.drafting.mtp import MTPConfig, MTPDraft
+from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
+from specroll.drafting.mtp_heads import MTPConfig, MTPDraft
 from specroll.engine import tree_step
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig

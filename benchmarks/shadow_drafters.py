@@ -33,18 +33,18 @@ from rl_exactness import signflip_p  # a sibling script: paired sign-flip p-valu
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_io import Parser, metrics_rows, output, run_config  # noqa: E402
 
-FIELDS = ("acceptance_length", "tokens_per_iter", "gen_rate_speedup", "reward")
+FIELDS = ("acceptance_length", "tokens_per_target_forward", "gen_rate_speedup", "reward")
 
 
 def series(lines: list[dict], own: str) -> dict[str, dict[int, dict[str, float]]]:
-    """{drafter: {step: {tokens_per_iter, acceptance_length, gen_rate_speedup}}}."""
+    """{drafter: {step: {tokens_per_target_forward, acceptance_length, gen_rate_speedup}}}."""
     out: dict[str, dict[int, dict[str, float]]] = {}
     for m in lines:
         if "gen_rate_speedup" not in m:
             continue
         s = m["step"]
         out.setdefault(own, {})[s] = {
-            "tokens_per_iter": m.get("tokens_per_iter"),
+            "tokens_per_target_forward": m.get("tokens_per_target_forward"),
             "acceptance_length": m.get("acceptance_length"),
             "gen_rate_speedup": m["gen_rate_speedup"],
             "reward": m.get("reward"),
@@ -146,7 +146,7 @@ def main() -> None:
                 for s in steps
                 if s in data[own] and all(s in data[n] for n in others)
             )
-            for field in ("tokens_per_iter", "gen_rate_speedup")
+            for field in ("tokens_per_target_forward", "gen_rate_speedup")
         }
     if args.out:
         import matplotlib

@@ -74,7 +74,7 @@ def _files(case: Path) -> dict[str, Path]:
     import torch
     from safetensors.torch import save_file
 
-    from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+    from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
     from specroll.drafting.eagle3_io import save_eagle3
     from specroll.model.tiny import build_tiny
     from specroll.model.weights import load_model

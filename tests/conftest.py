@@ -18,8 +18,8 @@ import torch
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from specroll.drafting.eagle3 import Eagle3Head
-    from specroll.drafting.mtp import MTPDraft
+    from specroll.drafting.eagle3_head import Eagle3Head
+    from specroll.drafting.mtp_heads import MTPDraft
     from specroll.model import Transformer
     from specroll.rl.learner.learner import Learner
 
@@ -206,14 +206,14 @@ def _like(target: Transformer, module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _eagle3(target: Transformer) -> Eagle3Head:
-    from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+    from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
 
     head = Eagle3Head(Eagle3Config.for_target(target.cfg, 12), embed=target)
     return head.init_weights(3, 0.3)
 
 
 def _mtp(target: Transformer) -> MTPDraft:
-    from specroll.drafting.mtp import MTPConfig, MTPDraft
+    from specroll.drafting.mtp_heads import MTPConfig, MTPDraft
 
     return MTPDraft(MTPConfig.for_target(target.cfg, num_mtp=2), target).init_weights(4, 0.3)
 

@@ -12,7 +12,7 @@ import statistics
 import pytest
 import torch
 
-from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
 from specroll.drafting.eagle3_io import save_eagle3
 from specroll.model import ModelConfig, Transformer
 from specroll.model.weights import save_model

@@ -296,7 +296,7 @@ def test_a_big_trees_node_hits_predict_a_smaller_budgets_tokens(target):
     big.generate(reqs)
     small = Engine(target, EngineConfig(max_batch=400), history, FixedDepth(4))
     small.generate(reqs)
-    predicted, measured = big.stats.tau_at(4), small.stats.tokens_per_forward
+    predicted, measured = big.stats.tau_at(4), small.stats.tokens_per_target_forward
     assert big.stats.tau_at(16) > predicted > 1.2
     assert predicted == pytest.approx(measured, rel=0.03), (predicted, measured)
 

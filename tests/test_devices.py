@@ -25,8 +25,8 @@ from specroll.drafters.draft_model import DraftModelDrafter
 from specroll.drafters.eagle3 import Eagle3Drafter
 from specroll.drafters.mtp import MTPDrafter
 from specroll.drafters.ngram import NgramDrafter
-from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
-from specroll.drafting.mtp import MTPConfig, MTPDraft
+from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
+from specroll.drafting.mtp_heads import MTPConfig, MTPDraft
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.costmodel import CostModel
 from specroll.engine.depth import AdaptiveDepth, FixedDepth

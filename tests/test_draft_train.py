@@ -11,7 +11,7 @@ import torch
 from specroll.drafters.eagle3 import Eagle3Drafter
 from specroll.drafting.data import DraftData, DraftDataConfig, collect
 from specroll.drafting.eagle3_io import load_eagle3
-from specroll.drafting.mtp import MTPConfig, MTPDraft
+from specroll.drafting.mtp_heads import MTPConfig, MTPDraft
 from specroll.drafting.train import (
     DraftTrainConfig,
     new_eagle3,

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specroll.drafters.eagle3 import Eagle3Drafter
-from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
 from specroll.drafting.eagle3_io import load_eagle3, save_eagle3
 from specroll.engine import Engine, EngineConfig, Request, SamplingParams
 from specroll.engine.depth import FixedDepth

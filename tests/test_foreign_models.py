@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specroll.cli import main
-from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
 from specroll.drafting.eagle3_io import load_eagle3, save_eagle3
 from specroll.model.config import SIZE_LIMITS, ModelConfig
 from specroll.model.hub import resolve

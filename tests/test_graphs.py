@@ -1,4 +1,4 @@
-"""The static step (`engine.graphs`): the decoding step padded to a batch bucket over the
+"""The captured step (`engine.graphs`): the decoding step padded to a batch bucket over the
 whole cache, reading every input from buffers, emits what the engine emits without it.
 
 CUDA graphs need a GPU (benchmarks/gpu_check.py times them there); here the CPU takes
@@ -69,15 +69,15 @@ def _run(name: str, target, max_batch: int, seed: int, graphs_on: bool, reqs):
 
 
 @pytest.fixture
-def static_on_cpu(monkeypatch):
-    monkeypatch.setattr(graphs, "STATIC_ON", ("cuda", "cpu"))
+def captured_on_cpu(monkeypatch):
+    monkeypatch.setattr(graphs, "CAPTURE_ON", ("cuda", "cpu"))
     # which form fills the combined drafter's budget reads wall time: hold it fixed
     monkeypatch.setattr(FormChoice, "choose", lambda self, k: "merged")
 
 
 @pytest.fixture
 def eager_shapes(monkeypatch):
-    """The static step at the eager step's shapes (no padding rows, the deepest row's key
+    """The captured step at the eager step's shapes (no padding rows, the deepest row's key
     axis): what differs is then the buffers, the masks and the replays, which must change
     nothing. (Other shapes round differently: a matmul's kernel depends on its M.)"""
     monkeypatch.setattr(graphs, "key_bucket", lambda need, max_len: need)
@@ -85,7 +85,7 @@ def eager_shapes(monkeypatch):
 
 
 @pytest.mark.parametrize("name", KINDS)
-def test_the_static_step_emits_the_engines_tokens(name, static_on_cpu, eager_shapes):
+def test_the_static_step_emits_the_engines_tokens(name, captured_on_cpu, eager_shapes):
     """Plain and speculative, greedy and sampled (top-k, top-p) rows, over seeds and batch
     sizes, two calls each: the same tokens, log-probs and drafts, bit for bit. (A tree
     is the exception for log-probs: its graph scores all k nodes where the eager step
@@ -115,8 +115,8 @@ class _OnOff(FixedDepth):
 
 
 @pytest.mark.parametrize("name", ["draft_model", "eagle3", "mtp"])
-def test_a_lagging_draft_catches_up_before_the_static_step(name, static_on_cpu, eager_shapes):
-    """After plain iterations a draft lags more than a static step feeds: it is fed
+def test_a_lagging_draft_catches_up_before_the_static_step(name, captured_on_cpu, eager_shapes):
+    """After plain iterations a draft lags more than a captured step feeds: it is fed
     eagerly first (`prepare_static`), and the tokens are the eager engine's."""
     target, reqs = model(), requests(17)
     outs = []
@@ -130,7 +130,7 @@ def test_a_lagging_draft_catches_up_before_the_static_step(name, static_on_cpu, 
 
 
 @pytest.mark.parametrize("name", ["plain", "draft_model", "eagle3", "history"])
-def test_buckets_change_rounding_not_greedy_tokens(name, static_on_cpu):
+def test_buckets_change_rounding_not_greedy_tokens(name, captured_on_cpu):
     """A graph's batch is padded to its bucket and its key axis runs past the deepest row
     (here to the whole cache): that changes how sums round (log-probs within 1e-4),
     never a greedy token, and padding rows stay as they were (below)."""
@@ -144,10 +144,10 @@ def test_buckets_change_rounding_not_greedy_tokens(name, static_on_cpu):
     assert _close(got, want)
 
 
-def test_the_static_steps_law_is_exact(static_on_cpu):
+def test_the_static_steps_law_is_exact(captured_on_cpu):
     """With buckets, a sampled token may differ from the eager step's where a uniform
     falls within rounding of a boundary: what must hold is the law. The chi-square test
-    of tests/test_spec_engine.py, on the static step."""
+    of tests/test_spec_engine.py, on the captured step."""
     target = spec_model(0)
     d = spec_drafters(target)["draft_model"]()
     engine = Engine(target, EngineConfig(max_batch=512, cuda_graphs=True), d, FixedDepth(3))
@@ -158,7 +158,7 @@ def test_the_static_steps_law_is_exact(static_on_cpu):
     assert chi2_pvalue(counts, tv_shifted(exact, 0.02)) < 1e-4
 
 
-def test_the_static_tree_steps_law_is_exact(static_on_cpu):
+def test_the_static_tree_steps_law_is_exact(captured_on_cpu):
     """The same for trees (tests/test_tree.py's random trees of 16 nodes, top-p): padded
     to the bucket and to all 16 nodes, walked masked."""
     from tests.test_tree import RandomTree
@@ -175,7 +175,7 @@ def test_the_static_tree_steps_law_is_exact(static_on_cpu):
 
 
 def test_graphs_past_the_bound_run_eagerly_and_change_nothing(
-    static_on_cpu, eager_shapes, monkeypatch
+    captured_on_cpu, eager_shapes, monkeypatch
 ):
     target = model()
     reqs = requests(15)
@@ -185,7 +185,7 @@ def test_graphs_past_the_bound_run_eagerly_and_change_nothing(
     assert got == want and stats.graphs == 1
 
 
-def test_the_static_step_reads_the_device_back_once(static_on_cpu):
+def test_the_static_step_reads_the_device_back_once(captured_on_cpu):
     target = model()
     for name in ("plain", "eagle3", "draft_model"):
         r = count(_engine(name, target, 4, 0, True))
@@ -199,7 +199,7 @@ def test_graphs_are_off_on_the_cpu_and_on_request():
     for on in (False, True):
         eng = Engine(target, EngineConfig(max_batch=2, cuda_graphs=on))
         eng.generate(reqs)
-        assert eng.stats.graphs == 0 and eng.step_graphs is None
+        assert eng.stats.graphs == 0 and eng.captured is None
 
 
 def test_buckets_hold_the_batch_within_the_slots():
@@ -215,7 +215,7 @@ def test_buckets_hold_the_batch_within_the_slots():
     assert all(graphs.bucket(B, S) >= B for S in (1, 7, 300) for B in range(1, S + 1))
 
 
-def test_a_padding_row_keeps_its_slot_untouched(static_on_cpu):
+def test_a_padding_row_keeps_its_slot_untouched(captured_on_cpu):
     """A bucket's padding rows are free slots: after a step they hold what they held."""
     target = model()
     eng = _engine("eagle3", target, 4, 0, True)
@@ -241,10 +241,10 @@ def test_a_padding_row_keeps_its_slot_untouched(static_on_cpu):
 
 @pytest.mark.parametrize("trial", range(40))
 def test_random_requests_give_the_same_tokens_on_the_static_step(
-    trial, static_on_cpu, eager_shapes
+    trial, captured_on_cpu, eager_shapes
 ):
     """Random prompts, budgets, stop ids, draft caps, sampling settings, slot counts and
-    depths switching on and off: the static step's tokens, finish reasons and drafts are
+    depths switching on and off: the captured step's tokens, finish reasons and drafts are
     the eager step's. (Not MTP with several heads: its depth-2 step reads a cache position
     no pair of the proposal wrote, so the two paths draft from different leftovers.)"""
     rnd = random.Random(trial)
@@ -282,7 +282,7 @@ def test_random_requests_give_the_same_tokens_on_the_static_step(
     assert outs[0] == outs[1], (name, max_batch, k)
 
 
-def test_a_capture_that_fails_leaves_its_step_eager(static_on_cpu, eager_shapes, monkeypatch):
+def test_a_capture_that_fails_leaves_its_step_eager(captured_on_cpu, eager_shapes, monkeypatch):
     """A step shape whose capture raises runs eagerly from then on, with a warning and
     the reason kept; the tokens are unchanged."""
     target, reqs = model(), requests(15)
@@ -297,4 +297,4 @@ def test_a_capture_that_fails_leaves_its_step_eager(static_on_cpu, eager_shapes,
         got = [_outputs(eng.generate(reqs)) for _ in range(2)]
     assert got == want
     assert eng.stats.graphs == 0 and eng.stats.graph_failures > 0
-    assert "not permitted" in next(iter(eng.step_graphs.failed.values()))
+    assert "not permitted" in next(iter(eng.captured.failed.values()))

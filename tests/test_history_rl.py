@@ -178,7 +178,7 @@ def test_one_run_measures_every_drafter_on_the_same_requests(tiny_setup, tmp_pat
         for name in ("eagle3", "history"):
             assert m[f"shadow/{name}/gen_rate_speedup"] > 0
             assert m[f"shadow/{name}/acceptance_length"] >= 1
-            assert m[f"shadow/{name}/tokens_per_iter"] >= 1
+            assert m[f"shadow/{name}/tokens_per_target_forward"] >= 1
             assert 0.0 <= m[f"shadow/{name}/reward"] <= 1.0  # its samples, scored
 
 
@@ -192,14 +192,16 @@ def test_a_shadow_drafter_drafts_from_the_history_before_the_step(tiny_setup, tm
     untouched = (copy.deepcopy(policy), tok)  # each run trains its own policy in place
     overrides = (*HISTORY, "pipeline.shadow_every=1", "pipeline.shadow_drafters=[history]")
     t = make_trainer(tiny_setup, tmp_path / "run", *overrides, "pipeline.steps=3")
-    ms = [m for m in t.run() if "tokens_per_iter" in m]
+    ms = [m for m in t.run() if "tokens_per_target_forward" in m]
     for m in ms:
-        for key in ("tokens_per_iter", "acceptance_length", "reward"):
+        for key in ("tokens_per_target_forward", "acceptance_length", "reward"):
             assert m[f"shadow/history/{key}"] == m[key], key
     assert max(m["acceptance_length"] or 1 for m in ms) > 1  # the prompts recur: drafts
     alone = make_trainer(untouched, tmp_path / "alone", *HISTORY, "pipeline.steps=3")
-    ref = [m for m in alone.run() if "tokens_per_iter" in m]
-    assert [m["tokens_per_iter"] for m in ref] == [m["tokens_per_iter"] for m in ms]
+    ref = [m for m in alone.run() if "tokens_per_target_forward" in m]
+    assert [m["tokens_per_target_forward"] for m in ref] == [
+        m["tokens_per_target_forward"] for m in ms
+    ]
     store, mine = (x.rollout.engine.drafter.state_dict() for x in (t, alone))
     assert store.keys() == mine.keys()
     for k in store:

@@ -289,7 +289,7 @@ def test_a_run_stopped_after_its_first_validation_logs_it_once(
     t = _trainer(out, "pipeline.steps=4")
     validate = t.validate
 
-    def then_stop() -> float:
+    def then_stop() -> dict:
         accuracy = validate()
         os.kill(os.getpid(), signal.SIGTERM)
         return accuracy

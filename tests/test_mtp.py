@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specroll.drafting.mtp import MTPConfig, MTPDraft
+from specroll.drafting.mtp_heads import MTPConfig, MTPDraft
 from specroll.drafting.mtp_io import load_mtp, load_native_mtp, save_mtp
 from specroll.model.config import ModelConfig
 from specroll.model.kv_cache import KVCache

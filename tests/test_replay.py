@@ -50,7 +50,7 @@ def _planted(self: Slots, rows, span, hints=None):
     """The defect: the rows' temperatures from the host's list, a constant at capture."""
     slots = range(len(self.pos))[rows] if isinstance(rows, slice) else span
     got = _sampling(self, rows, span, hints)
-    temps = [self.params_host[b][0] for b in slots]
+    temps = [self.host.params[b][0] for b in slots]
     temperature = torch.tensor(temps, dtype=torch.float32, device=self.device)
     return dataclasses.replace(got, temperature=temperature)
 

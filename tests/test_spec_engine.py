@@ -181,7 +181,7 @@ def test_oracle_draft_is_always_accepted(target):
         s = engine.stats
         assert s.acceptance_rate > 0.999
         assert s.acceptance_length >= 0.98 * (k + 1)
-        assert s.tokens_per_forward >= 0.98 * (k + 1)
+        assert s.tokens_per_target_forward >= 0.98 * (k + 1)
 
 
 class _Diluted(DraftModelDrafter):
@@ -193,7 +193,7 @@ class _Diluted(DraftModelDrafter):
     probability a = 1 - eps, whatever the context and the other positions."""
 
     name = "diluted"
-    static = False  # its `propose` is its own (no static step proposes for it)
+    in_step = False  # its `propose` is its own (no captured step proposes for it)
 
     def __init__(self, model: Transformer, eps: float, seed: int = 0) -> None:
         super().__init__(model)
@@ -428,7 +428,7 @@ def test_compare_spec_scores_each_mode_by_its_own_tokens(target, monkeypatch):
     for batch in rounds:
         n_plain.append(sum(len(r.token_ids) for r in plain.generate(batch)))
         n_spec.append(sum(len(r.token_ids) for r in spec.generate(batch)))
-        tpf.append(spec.stats.tokens_per_forward)
+        tpf.append(spec.stats.tokens_per_target_forward)
     assert n_plain[0] != n_spec[0]  # same distribution, other samples: lengths differ
     assert {q.params.seed for q in rounds[0]}.isdisjoint(q.params.seed for q in rounds[1])
     assert row["tokens_per_target_forward"] == round(median(tpf), 3)

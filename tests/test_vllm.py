@@ -31,7 +31,7 @@ from tests.conftest import PROMPT, VOCAB, chi2_pvalue, exact_joint, learner, tv_
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 pytest.importorskip("vllm")
 
-from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head  # noqa: E402
+from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head  # noqa: E402
 from specroll.drafting.eagle3_io import save_eagle3  # noqa: E402
 from specroll.engine import Engine, Request, SamplingParams  # noqa: E402
 from specroll.model import ModelConfig, Transformer  # noqa: E402

@@ -94,7 +94,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         common.console.print(
             f"drafter {drafter.name}: acceptance length {s.acceptance_length:.2f}, "
             f"per position {[round(x, 2) for x in s.per_position[: _reached(s)]]}, "
-            f"{s.tokens_per_forward:.2f} tokens per target forward",
+            f"{s.tokens_per_target_forward:.2f} tokens per target forward",
             soft_wrap=True,
         )
         notice = speculation_notice(s, args, n_rows=min(args.batch, len(requests)))

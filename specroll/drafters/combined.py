@@ -45,14 +45,7 @@ import time
 
 import torch
 
-from specroll.drafters.base import (
-    DraftBatch,
-    Drafter,
-    Emitted,
-    FeatureDrafter,
-    FormReport,
-    Proposal,
-)
+from specroll.drafters.base import DraftBatch, Drafter, Emitted, FormReport, Proposal, RowState
 from specroll.drafters.candidate_tree import (
     Node,
     add_path,
@@ -61,6 +54,7 @@ from specroll.drafters.candidate_tree import (
     proposal,
     tree_of,
 )
+from specroll.drafters.feature import FeatureDrafter
 from specroll.drafters.history import MAX_DEPTH, HistoryDrafter
 
 SOURCES = ("history", "draft")
@@ -137,9 +131,10 @@ class CombinedDrafter(Drafter):
         return self._report
 
     # the engine's hooks: both sources follow every row ---------------------------------
-    def start(self, num_slots: int, max_len: int) -> None:
-        self.history.start(num_slots, max_len)
-        self.draft.start(num_slots, max_len)
+    def start(self, num_slots: int, max_len: int, rows: RowState | None = None) -> None:
+        super().start(num_slots, max_len, rows)
+        self.history.start(num_slots, max_len, self.rows)
+        self.draft.start(num_slots, max_len, self.rows)
         self._proposed = [None] * num_slots
 
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:

@@ -15,46 +15,47 @@ from __future__ import annotations
 import torch
 
 from specroll.device import upload
-from specroll.drafters.base import DraftBatch, Drafter, Proposal
+from specroll.drafters.base import DraftBatch, Drafter, Proposal, RowState
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.spec import rng
 from specroll.spec.sampling import probs_from_logits, sample_from_probs
 
 FEED = 2
-"""Tokens a static step feeds the draft per row before drafting: after a proposal the
+"""Tokens a captured step feeds the draft per row before drafting: after a proposal the
 draft holds all but the target's last one or two (the bonus token, and the last draft
 when all were accepted); a longer lag (speculation was off) is fed eagerly first."""
 
 
 class DraftModelDrafter(Drafter):
     name = "draft_model"
-    static = True
-    """Proposes inside the engine's static step (`propose_static`, `engine.graphs`)."""
+    in_step = True
+    """Proposes on the device alone: inside the engine's step."""
 
     def __init__(self, model: Transformer, version: int = 0) -> None:
         self.model = self.network = model.eval()
         self.version = version
         self.cache: KVCache | None = None
         self.device = next(model.parameters()).device
-        self.dpos = torch.zeros(0, dtype=torch.long, device=self.device)  # [S] cached tokens
-        self.dpos_host: list[int] = []  # the same, on the host (no read sizes a catch-up)
-        self._proposed: tuple[list[int], int] | None = None  # (pos on the host, k)
+        # [S] tokens in the draft's cache (`rows.draft_pos` on the host: no read sizes a
+        # catch-up)
+        self.dpos = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._k: int | None = None  # this iteration's depth, when it proposed
 
-    def start(self, num_slots: int, max_len: int) -> None:
+    def start(self, num_slots: int, max_len: int, rows: RowState | None = None) -> None:
+        super().start(num_slots, max_len, rows)
+        self._k = None
         c = self.cache
         p = next(self.model.parameters())
         self.device = p.device  # the model may have been moved since construction
         fits = c is not None and c.num_slots >= num_slots and c.max_len >= max_len
         if fits and c.k.device == p.device and c.k.dtype == p.dtype:
             self.dpos.zero_()  # the same tensors (graphs hold their addresses)
-            self.dpos_host = [0] * c.num_slots
             return
         self.epoch += 1
         self.cache = None
         self.cache = KVCache(self.model.cfg, num_slots, max_len, p.dtype, p.device)
         self.dpos = torch.zeros(self.cache.num_slots, dtype=torch.long, device=self.device)
-        self.dpos_host = [0] * self.cache.num_slots
 
     @torch.inference_mode()
     def prefill(self, start: int, seqs: list[list[int]], hidden) -> None:
@@ -66,22 +67,17 @@ class DraftModelDrafter(Drafter):
         self.model(tokens, positions=zeros, cache=self.cache, slot_start=start, return_logits=False)
         lengths = [len(p) for p in prompts]
         self.dpos[start : start + len(prompts)] = upload(lengths, self.device)
-        self.dpos_host[start : start + len(prompts)] = lengths
+        self.rows.draft_pos[start : start + len(prompts)] = lengths
 
-    @torch.inference_mode()
-    def propose(self, batch: DraftBatch) -> Proposal:
-        B, k = batch.last.shape[0], batch.k
-        # catch up: feed history[dpos .. pos] (1 token, or 2 after a full acceptance, ...)
-        pos_host = batch.pos_host if batch.pos_host is not None else batch.pos.tolist()
-        w = max(p + 1 - d for p, d in zip(pos_host, self.dpos_host[:B], strict=True))
-        logits = self._feed(batch, self.dpos[:B], w, max(self.dpos_host[:B]))
-        self._proposed = (list(pos_host), k)
-        return self._draft(logits, batch, max(pos_host) + 1)
-
-    def prepare_static(self, B: int, k: int, history: torch.Tensor, pos_host: list[int]) -> None:
-        """Before a static step: rows whose draft cache lags more than `FEED` tokens
-        behind (speculation was off) are fed all but their last token eagerly."""
-        lag = [p + 1 - d for p, d in zip(pos_host, self.dpos_host[:B], strict=True)]
+    def prepare(self, B: int, k: int, history: torch.Tensor, captured: bool) -> None:
+        """Before a step that proposes k drafts: captured, rows whose draft cache lags
+        more than `FEED` tokens behind (speculation was off) are fed all but their last
+        token eagerly."""
+        self._k = k
+        if not captured:
+            return
+        pos_host, dpos_host = self.rows.pos[:B], self.rows.draft_pos[:B]
+        lag = [p + 1 - d for p, d in zip(pos_host, dpos_host, strict=True)]
         if max(lag, default=0) <= FEED:
             return
         dpos = self.dpos[:B]
@@ -93,22 +89,27 @@ class DraftModelDrafter(Drafter):
             positions=dpos,
             cache=self.cache,
             return_logits=False,
-            max_start=max(self.dpos_host[:B]),
+            max_start=max(dpos_host),
         )  # (a row fed past its own lag writes junk its next forward overwrites)
         self.dpos[:B] = upload(pos_host, self.device)
-        self.dpos_host[:B] = list(pos_host)
+        self.rows.draft_pos[:B] = list(pos_host)
 
-    def propose_static(self, batch: DraftBatch, live: torch.Tensor, keys: int) -> Proposal:
-        """`propose` over a static step's rows (`engine.graphs`), every shape fixed: `FEED`
-        tokens fed per row (padding rows, `live` False, at position 0 of their free
-        slot), then the k drafts; attention's key axis `keys` long."""
-        dpos = torch.where(live, self.dpos[: batch.last.shape[0]], 0)
-        logits = self._feed(batch, dpos, FEED, keys - FEED)
-        return self._draft(logits, batch, keys - 1, fixed=True)
-
-    def after_static(self, B: int, k: int, pos_host: list[int]) -> None:
-        """A static step proposed k drafts for rows 0..B-1 at positions pos_host."""
-        self._proposed = (list(pos_host), k)
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> Proposal:
+        """Each row's history[dpos .. pos] fed (1 token, or 2 after a full acceptance,
+        ...), then its k drafts. Eager, the feed is as wide as the longest lag; inside a
+        captured step (`batch.keys`) every shape is fixed: `FEED` tokens fed per row
+        (padding rows at position 0 of their free slot), attention's key axis `keys`."""
+        n = batch.last.shape[0]
+        if batch.keys is None:
+            pos_host = batch.pos_host if batch.pos_host is not None else batch.pos.tolist()
+            dpos_host = self.rows.draft_pos[:n]
+            w = max(p + 1 - d for p, d in zip(pos_host, dpos_host, strict=True))
+            logits = self._feed(batch, self.dpos[:n], w, max(dpos_host))
+            return self._draft(logits, batch, max(pos_host) + 1)
+        dpos = torch.where(batch.live, self.dpos[:n], 0)
+        logits = self._feed(batch, dpos, FEED, batch.keys - FEED)
+        return self._draft(logits, batch, batch.keys - 1, fixed=True)
 
     def _feed(self, batch: DraftBatch, dpos: torch.Tensor, width: int, top: int) -> torch.Tensor:
         """Feed each row's history[dpos .. pos] (`width` wide: the tail past a row's own
@@ -147,16 +148,17 @@ class DraftModelDrafter(Drafter):
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
 
     def commit(self, B, pos_before, num_new, hidden, read) -> None:
-        if self._proposed is None:
+        k, self._k = self._k, None
+        if k is None:
             return  # nothing drafted this step: the cache catches up at the next proposal
-        pos_host, k = self._proposed
         # cached: last + drafts 1..k-1; valid: last + the accepted drafts (num_new - 1)
         valid = 1 + torch.minimum(num_new - 1, torch.full_like(num_new, k - 1))
         self.dpos[:B] = pos_before + valid
-        self.dpos_host[:B] = [p + min(e, k) for p, e in zip(pos_host, read.emitted, strict=True)]
-        self._proposed = None
+        self.rows.draft_pos[:B] = [
+            p - e + min(e, k) for p, e in zip(read.pos[:B], read.emitted[:B], strict=True)
+        ]
 
     def move(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst, self.dpos_host[src])
+        """(After the engine moved the row's host state: `rows` holds it at src too.)"""
+        self.cache.move(src, dst, self.rows.draft_pos[src])
         self.dpos[dst] = self.dpos[src]
-        self.dpos_host[dst] = self.dpos_host[src]

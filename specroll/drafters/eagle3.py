@@ -1,11 +1,12 @@
 """EAGLE-3 in the engine: the proposer that drafts with an EAGLE-3 head (the network and its
-training: `drafting.eagle3`)."""
+training: `drafting.eagle3_head`)."""
 
 from __future__ import annotations
 
 import torch
 
-from specroll.drafters.base import FeatureDrafter
+from specroll.drafters.base import RowState
+from specroll.drafters.feature import FeatureDrafter
 from specroll.model.kv_cache import KVCache
 
 
@@ -31,8 +32,8 @@ class Eagle3Drafter(FeatureDrafter):
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         return self.head.new_cache(num_slots, max_len)
 
-    def start(self, num_slots: int, max_len: int) -> None:
-        super().start(num_slots, max_len)
+    def start(self, num_slots: int, max_len: int, rows: RowState | None = None) -> None:
+        super().start(num_slots, max_len, rows)
         c = self.cache
         kept = c.num_slots * c.max_len * 3 * self.head.cfg.hidden_size * c.k.element_size()
         self.lazy = kept <= self.lazy_bytes

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specroll.drafters.base import DraftBatch, Drafter, Proposal
+from specroll.drafters.base import DraftBatch, Drafter, Proposal, RowState
 from specroll.drafters.candidate_tree import Occurrence, Trie, proposal, tree_from, trie
 from specroll.drafters.suffix_index import SuffixIndex
 
@@ -79,7 +79,8 @@ class HistoryDrafter(Drafter):
         """Finished rollouts join the history; False holds it fixed (`remember` still adds)."""
 
     # the engine's hooks ---------------------------------------------------------------
-    def start(self, num_slots: int, max_len: int) -> None:
+    def start(self, num_slots: int, max_len: int, rows: RowState | None = None) -> None:
+        super().start(num_slots, max_len, rows)
         for row in self.slots:  # a call that stopped half-way: its rows are not history
             if row is not None:
                 row.prompt.index.drop(row.sid)

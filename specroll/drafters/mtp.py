@@ -1,11 +1,11 @@
 """MTP in the engine: the proposer that drafts with MTP heads (the network and its training:
-`drafting.mtp`)."""
+`drafting.mtp_heads`)."""
 
 from __future__ import annotations
 
 import torch
 
-from specroll.drafters.base import FeatureDrafter
+from specroll.drafters.feature import FeatureDrafter
 from specroll.model.kv_cache import KVCache
 
 

@@ -22,16 +22,16 @@ class NgramDrafter(Drafter):
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         self.n_max, self.n_min = n_max, n_min
 
-    static = True  # (it keeps no tensors: its epoch stays 0)
+    in_step = True  # (it keeps no tensors: its epoch stays 0)
 
     def propose(self, batch: DraftBatch) -> Proposal:
+        """The rows' histories searched as far as the deepest row's position (inside a
+        captured step: `keys` wide; past a row's length nothing matches, and a padding
+        row, at position 0, matches nothing)."""
+        if batch.keys is not None:
+            return self._match(batch, batch.keys)
         L = int(batch.pos.max()) + 1 if batch.max_pos is None else batch.max_pos + 1
         return self._match(batch, L)
-
-    def propose_static(self, batch: DraftBatch, live: torch.Tensor, keys: int) -> Proposal:
-        """`propose` over a static step's rows, the history searched `keys` wide (past a
-        row's length nothing matches; a padding row, at position 0, matches nothing)."""
-        return self._match(batch, keys)
 
     def _match(self, batch: DraftBatch, L: int) -> Proposal:
         """The continuation of each row's longest recent n-gram match within the first L

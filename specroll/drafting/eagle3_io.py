@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head, Embed
+from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head, Embed
 from specroll.inputs import check_finite, read_json, regular, regular_entries
 from specroll.model.config import ModelConfig, check_draft_size
 from specroll.model.transformer import Transformer

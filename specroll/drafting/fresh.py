@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 
 from specroll.drafting.data import default_aux_layers, token_mass
-from specroll.drafting.eagle3 import Eagle3Head
-from specroll.drafting.mtp import MTPDraft
+from specroll.drafting.eagle3_head import Eagle3Head
+from specroll.drafting.mtp_heads import MTPDraft
 from specroll.drafting.train import new_eagle3, new_mtp, select_vocab
 from specroll.model.transformer import Transformer
 

@@ -12,7 +12,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from specroll.drafting.eagle3_io import read_config, read_tensors
-from specroll.drafting.mtp import MATRICES, MTPConfig, MTPDraft
+from specroll.drafting.mtp_heads import MATRICES, MTPConfig, MTPDraft
 from specroll.inputs import check_finite, regular, regular_entries
 from specroll.model.config import ModelConfig
 from specroll.model.transformer import Transformer

@@ -15,7 +15,9 @@ history+mtp[:PATH]    with MTP heads
 On the command line a network's PATH is required. A training run names its drafter
 without one (`RUN_DRAFTERS`): its network is the run's draft (`draft.init`), trained
 online and published with the policy, and `assemble` builds the drafter from the run's
-parts: the shadow drafters of `pipeline.shadow_drafters` are made of the same parts.
+parts. The inverse is here too: `history_of` and `part_of` take a drafter `assemble` built
+apart again, so that the shadow drafters of `pipeline.shadow_drafters` are made of the
+same parts.
 
 A loaded draft network is placed on the target's device and in its dtype: the draft runs
 in the engine's dtype, and hands the verifier fp32 q either way.
@@ -33,7 +35,17 @@ if TYPE_CHECKING:
     from specroll.drafters.history import HistoryDrafter
     from specroll.model.transformer import Transformer
 
-__all__ = ["NETWORKS", "RUN_DRAFTERS", "SPECS", "assemble", "build", "network_of", "sources"]
+__all__ = [
+    "NETWORKS",
+    "RUN_DRAFTERS",
+    "SPECS",
+    "assemble",
+    "build",
+    "history_of",
+    "network_of",
+    "part_of",
+    "sources",
+]
 RUN_DRAFTERS = ("eagle3", "mtp", "history", "history+eagle3", "history+mtp")
 """What a training run may draft with (`rollout.drafter`, `pipeline.shadow_drafters`)."""
 SPECS = (
@@ -97,6 +109,42 @@ def assemble(
             history if history is not None else HistoryDrafter(), network.drafter()
         )
     return network.drafter()
+
+
+def history_of(drafter: Drafter | None) -> HistoryDrafter | None:
+    """The history store a drafter `assemble` built drafts from: a history drafter is its
+    own, a combined drafter's is its history part; None for a drafter without one."""
+    from specroll.drafters.combined import CombinedDrafter
+    from specroll.drafters.history import HistoryDrafter
+
+    if isinstance(drafter, CombinedDrafter):
+        return drafter.history
+    return drafter if isinstance(drafter, HistoryDrafter) else None
+
+
+def part_of(drafter: Drafter | None, name: str) -> Drafter:
+    """The run's drafter `name` (one of `RUN_DRAFTERS`) made of the parts of `drafter`, one
+    `assemble` built: it shares `drafter`'s history store and draft network (`drafter`
+    itself when it is `name`). A ValueError when `drafter` lacks a part `name` needs."""
+    if drafter is not None and drafter.name == name:
+        return drafter
+    history = history_of(drafter)
+    part = assemble(name, history, _network_of_drafter(drafter))
+    if part is None or ("history" in sources(name) and history is None):
+        raise ValueError(
+            f"pipeline.shadow_drafters: {name} cannot be made of the run's drafter "
+            f"{getattr(drafter, 'name', None)!r}"
+        )
+    return part
+
+
+def _network_of_drafter(drafter: Drafter | None) -> TrainableDraft | None:
+    """The draft network a drafter `assemble` built drafts with (a combined drafter's:
+    its network part's), None for a drafter without one."""
+    from specroll.drafters.combined import CombinedDrafter
+
+    net = drafter.draft if isinstance(drafter, CombinedDrafter) else drafter
+    return getattr(net, "network", None)
 
 
 def build(spec: str, target: Transformer) -> Drafter:

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from specroll.drafting.data import DraftData, Sequence
-from specroll.drafting.eagle3 import Eagle3Config, Eagle3Head
+from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
 from specroll.drafting.eagle3_io import load_eagle3
-from specroll.drafting.mtp import MTPConfig, MTPDraft
+from specroll.drafting.mtp_heads import MTPConfig, MTPDraft
 from specroll.drafting.mtp_io import load_mtp, load_native_mtp
 from specroll.drafting.trainable import NETWORKS, TrainableDraft, save_draft
 from specroll.drafting.ttt import draft_loss

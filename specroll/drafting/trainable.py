@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from specroll.drafting.eagle3 import Eagle3Head
+from specroll.drafting.eagle3_head import Eagle3Head
 from specroll.drafting.eagle3_io import config_from_hf, load_eagle3, save_eagle3
-from specroll.drafting.mtp import MTPConfig, MTPDraft
+from specroll.drafting.mtp_heads import MTPConfig, MTPDraft
 from specroll.drafting.mtp_io import load_mtp, save_mtp
 
 if TYPE_CHECKING:

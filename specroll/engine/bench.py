@@ -279,27 +279,26 @@ def _spec_row(
     """One (drafter, k) line of `compare_spec`: medians over its rounds `ss` (SpecStats)
     and its speed-up over the plain runs of the same rounds."""
     ratios = [s / a for s, a in zip(spec_tok_s, ar_tok_s, strict=True)]
+
+    def med(of: Callable[[SpecStats], float], digits: int) -> float:
+        """The median over the rounds of one figure of their SpecStats, rounded."""
+        return round(statistics.median(of(s) for s in ss), digits)
+
     return {
         "drafter": d,
         "batch": batch,
         "k": k,
-        "acceptance_length": round(statistics.median(s.acceptance_length for s in ss), 3),
+        "acceptance_length": med(lambda s: s.acceptance_length, 3),
         "per_position": [round(x, 4) for x in ss[-1].per_position],
-        "tokens_per_target_forward": round(statistics.median(s.tokens_per_forward for s in ss), 3),
+        "tokens_per_target_forward": med(lambda s: s.tokens_per_target_forward, 3),
         "ar_tok_s": round(statistics.median(ar_tok_s), 2),
         "spec_tok_s": round(statistics.median(spec_tok_s), 2),
         "speedup": round(statistics.median(ratios), 3),
-        "overhead_frac": round(statistics.median(s.other_s / s.total_s for s in ss), 4),
-        "draft_frac": round(statistics.median(s.draft_s / s.total_s for s in ss), 4),
-        "draft_ms_per_iter": round(
-            statistics.median(1e3 * s.draft_s / max(s.target_forwards, 1) for s in ss), 3
-        ),
-        "nodes_per_row": round(
-            statistics.median(s.draft_nodes / max(s.row_forwards, 1) for s in ss), 2
-        ),
-        "target_ms_per_iter": round(
-            statistics.median(1e3 * s.target_s / max(s.target_forwards, 1) for s in ss), 3
-        ),
+        "overhead_frac": med(lambda s: s.other_s / s.total_s, 4),
+        "draft_frac": med(lambda s: s.draft_s / s.total_s, 4),
+        "draft_ms_per_iter": med(lambda s: 1e3 * s.draft_s / max(s.target_forwards, 1), 3),
+        "nodes_per_row": med(lambda s: s.draft_nodes / max(s.row_forwards, 1), 2),
+        "target_ms_per_iter": med(lambda s: 1e3 * s.target_s / max(s.target_forwards, 1), 3),
         # what every smaller budget would have emitted (exact for trees: SpecStats.tau_at)
         "tau_at": {
             m: round(statistics.median(s.tau_at(m) for s in ss), 3)

@@ -110,8 +110,8 @@ class Engine(Stepper):
         if not set(self.forms) <= set(FORMS):
             raise ValueError(f"drafter forms must be among {FORMS}, got {self.forms}")
         self.stats = SpecStats()
-        self.step_graphs: Graphs | None = None
-        """The decoding step's CUDA graphs (`engine.graphs`), kept while the slots are."""
+        self.captured: Graphs | None = None
+        """The captured decoding steps (`engine.graphs`), kept while the slots are."""
         self._st: Slots | None = None
         self._collapse = CollapseDetector()
         self.policy_version = 0
@@ -182,15 +182,15 @@ class Engine(Stepper):
         stops = [r.params.stops(self.eos) for r in requests]
         st = self._slots(n_slots, max_gen, max(len(s) for s in stops))
         if self.drafter is not None:
-            self.drafter.start(self.cache.num_slots, self.cache.max_len)
+            self.drafter.start(self.cache.num_slots, self.cache.max_len, st.host)
             self.depth.forms.restart()  # the time between calls is not an iteration
         self.stats = SpecStats()
-        on = self.config.cuda_graphs and self.device.type in graphs.STATIC_ON
+        on = self.config.cuda_graphs and self.device.type in graphs.CAPTURE_ON
         if not on:
-            self.step_graphs = None
-        elif self.step_graphs is None:
-            self.step_graphs = Graphs(self.device)
-        captured = 0.0 if self.step_graphs is None else self.step_graphs.capture_s
+            self.captured = None
+        elif self.captured is None:
+            self.captured = Graphs(self.device)
+        capture_s = 0.0 if self.captured is None else self.captured.capture_s
         versions = (self.policy_version, None if self.drafter is None else self.drafter.version)
 
         # collection passes inside the loop skip the long-lived heap (`engine.heap`)
@@ -213,31 +213,37 @@ class Engine(Stepper):
                     B += len(new)
                 else:
                     stepped = self._step(st, B, ctx)
-                done = st.finished(B)
+                done = st.host.finished(B)
                 for b in sorted(done, reverse=True):
-                    j = st.request[b]
+                    j = st.host.request[b]
                     results[j] = st.result(b, requests[j], seeds[j], done[b], versions)
-                    if self.drafter is not None:
-                        self.drafter.release(b, len(results[j].token_ids))
                     results[j].first_token_s = first_token[j]
                     results[j].latency_s = time.perf_counter() - t0
-                    B -= 1
-                    if b != B:  # compact: the last active row takes the freed slot
-                        self.cache.move(B, b, st.pos_host[B])
-                        st.move(B, b)
-                        if self.drafter is not None:
-                            self.drafter.move(B, b)
+                    B = self._free(st, b, B, len(results[j].token_ids))
                 if on_progress is not None:
                     on_progress(stepped, len(done))
         self.stats.total_s = time.perf_counter() - t0
-        if self.step_graphs is not None:
-            self.stats.graphs = len(self.step_graphs)
-            self.stats.capture_s = self.step_graphs.capture_s - captured
-            self.stats.graph_bytes = self.step_graphs.pool_bytes
-            self.stats.graph_failures = len(self.step_graphs.failed)
+        if self.captured is not None:
+            self.stats.graphs = len(self.captured)
+            self.stats.capture_s = self.captured.capture_s - capture_s
+            self.stats.graph_bytes = self.captured.pool_bytes
+            self.stats.graph_failures = len(self.captured.failed)
         return Results(results, self.stats)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ bookkeeping
+
+    def _free(self, st: Slots, b: int, B: int, generated: int) -> int:
+        """Slot b of B active ones finished with `generated` tokens kept: the last active
+        row takes its place (compaction) → the rows still active."""
+        if self.drafter is not None:
+            self.drafter.release(b, generated)
+        B -= 1
+        if b != B:
+            self.cache.move(B, b, st.host.pos[B])
+            st.move(B, b)  # (the host's rows first: a drafter's move reads them)
+            if self.drafter is not None:
+                self.drafter.move(B, b)
+        return B
 
     def _slots(self, n: int, max_gen: int, max_stops: int) -> Slots:
         """Slots for a call: the last call's when they hold it (n rows, max_gen tokens,
@@ -252,7 +258,7 @@ class Engine(Stepper):
             and st.max_len == self.cache.max_len
             and st.k_max == self.depth.k_max
         ):
-            self._st = self.step_graphs = None
+            self._st = self.captured = None
             self._st = Slots(
                 n, max_gen, max_stops, self.cache.max_len, self.depth.k_max, self.device
             )
@@ -262,7 +268,7 @@ class Engine(Stepper):
         c = self.cache
         if c is not None and c.num_slots >= slots and c.max_len >= length:
             return
-        self._st = self.step_graphs = None  # they hold the cache's tensors
+        self._st = self.captured = None  # they hold the cache's tensors
         if c is not None:
             slots, length = max(slots, c.num_slots), max(length, c.max_len)
         length = min(-(-length // 64) * 64, self.model.cfg.max_position_embeddings)

@@ -1,16 +1,17 @@
-"""The device step of a decoding iteration over static buffers, replayed as a CUDA graph.
+"""The captured step: the device step of a decoding iteration, replayed as a CUDA graph.
 
 On a GPU a decode iteration of a small or memory-bound model is bound by kernel launches:
 a 30-layer forward, the verifier and the bookkeeping are a few hundred kernels of a few
 microseconds each. A CUDA graph launches them all at once. What a graph needs is what
-this module provides: one function whose every tensor has a fixed shape and address and
-whose every per-iteration input comes in through a buffer.
+this module provides for the engine's one device function (`Stepper._run`): a key
+(`engine.step.StepKey`) that fixes every shape and host value it uses, and inputs
+(`StepInputs`) at fixed addresses per key for what changes per iteration.
 
 * The batch is padded to a bucket (`BUCKETS`): rows past the live ones (`n_live`, a
-  one-element buffer) draft nothing, emit nothing and move nothing (`Stepper._device_step`).
+  one-element buffer) draft nothing, emit nothing and move nothing.
 * The key axis of attention is a key bucket (`key_bucket`: a power of two at least the
   deepest row's position + k + 1, at most the cache), masked per row as before; the
-  host knows the positions (`Slots.pos_host`), so sizing it reads nothing back, and a
+  host knows the positions (`HostRows.pos`), so sizing it reads nothing back, and a
   short context does not pay attention over the whole cache.
 * Drafts, their q, their lengths and a tree's parents come in through buffers sized for
   the bucket and depth (a tree: its k nodes, however many its fullest row filled);
@@ -30,15 +31,16 @@ and pool memory go to `SpecStats`.
 
 What a graph holds: the target forward, the verification (a chain, or a tree of k nodes
 walked masked) and the recording of every decoding iteration, and for the drafters that
-propose on the device alone the proposal too: EAGLE-3 and MTP (`FeatureDrafter.
-propose_static`: the pending pairs fed k + 1 wide, then the k draft forwards) and the
-draft model (`DraftModelDrafter.propose_static`: two tokens fed, then its k forwards).
+propose on the device alone (`Drafter.in_step`) the proposal too: EAGLE-3 and MTP
+(`FeatureDrafter.propose`: the pending pairs fed k + 1 wide, then the k draft forwards)
+and the draft model (`DraftModelDrafter.propose`: two tokens fed, then its k forwards).
 The n-gram drafter matches within the key bucket's width. A draft that lags further
-(speculation was off) is fed eagerly first (`prepare_static`). The history and combined
-drafters build their trees on the host and propose eagerly before the graph (their
-tensors go in pinned, through the buffers); commits run after it.
+(speculation was off) is fed eagerly first (`Drafter.prepare`). The history and combined
+drafters build their trees on the host and propose before the step (their tensors go
+in through the inputs); commits run after it. A drafter that makes its tensors anew
+bumps its `epoch`, which is part of the key: no captured step is invalidated by hand.
 
-`STATIC_ON` names the device types that take this path when `EngineConfig.cuda_graphs`
+`CAPTURE_ON` names the device types that take this path when `EngineConfig.cuda_graphs`
 is on. The tests add the CPU to it: there capture records the step's ATen operations as
 it runs and replay runs them again without the step's Python (`engine.replay`), as a CUDA
 graph replays its kernels, so a host value frozen at capture fails a CPU test too.
@@ -48,12 +50,12 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
 
 import torch
 
-from specroll.engine import replay
+from specroll.engine.replay import record
+from specroll.engine.step import StepInputs
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Batch sizes a step is padded to (the last bucket that fits the cache's slots)."""
@@ -61,8 +63,8 @@ MIN_KEYS = 128
 """The shortest key axis of a step (`key_bucket`)."""
 MAX_GRAPHS = 64
 """Most graphs held at once; keys past it run eagerly."""
-STATIC_ON = ("cuda",)
-"""Device types that run the static step when graphs are on (tests add "cpu")."""
+CAPTURE_ON = ("cuda",)
+"""Device types that run the captured step when graphs are on (tests add "cpu")."""
 
 
 def key_bucket(need: int, max_len: int) -> int:
@@ -82,85 +84,33 @@ def bucket(B: int, slots: int) -> int:
     return slots
 
 
-@dataclass
-class Inputs:
-    """The per-iteration buffers of one (bucket, depth) step."""
-
-    n_live: torch.Tensor
-    """[1] rows that are live (the rest of the bucket is padding)."""
-    drafts: torch.Tensor
-    """[Bb, k] the drafts (rows past the live ones: stale, never verified)."""
-    probs: torch.Tensor | None
-    """[Bb, k, V] their q, or None: deterministic drafts."""
-    lengths: torch.Tensor | None
-    """[Bb] usable drafts (a tree's: nodes) per row, or None: all k."""
-    parents: torch.Tensor | None
-    """[Bb, k] a tree's parents (`Proposal.parents`), or None: a chain."""
-
-    @classmethod
-    def new(
-        cls, Bb: int, k: int, V: int, probs: bool, lengths: bool, parents: bool, **long
-    ) -> Inputs:
-        """Buffers for Bb rows of k drafts over V tokens; `long`: dtype and device."""
-        return cls(
-            torch.zeros(1, **long),
-            torch.zeros(Bb, k, **long),
-            torch.zeros(Bb, k, V, dtype=torch.float32, device=long["device"]) if probs else None,
-            torch.zeros(Bb, **long) if lengths else None,
-            torch.zeros(Bb, k, **long) if parents else None,
-        )
-
-    def fill(
-        self,
-        B: int,
-        drafts: torch.Tensor,
-        probs: torch.Tensor | None,
-        lengths: torch.Tensor | None,
-        parents: torch.Tensor | None,
-    ) -> None:
-        """Copy an iteration's B rows in (device to device: queued, no sync). A tree
-        narrower than the buffers' k (as wide as its fullest row) fills their first
-        columns: its lengths keep the rest out of the tree."""
-        self.n_live.fill_(B)
-        w = drafts.shape[1]
-        if w:
-            self.drafts[:B, :w].copy_(drafts)
-        if probs is not None:
-            self.probs[:B].copy_(probs)
-        if parents is not None:
-            self.parents[:B, :w].copy_(parents)
-        if lengths is not None:
-            self.lengths[:B].copy_(lengths)
-        elif self.lengths is not None:
-            self.lengths[:B].fill_(w)
-
-
 class Graphs:
     """The step's graphs over one set of slots, by key (module docstring)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
-        self.inputs: dict[tuple, Inputs] = {}
-        self._runs: dict[tuple, Callable[[], tuple]] = {}  # captured: replay → outputs
-        self._seen: set[tuple] = set()
+        self.inputs: dict[Hashable, StepInputs] = {}
+        self._runs: dict[Hashable, Callable[[], tuple]] = {}  # captured: replay → outputs
+        self._seen: set[Hashable] = set()
         self._pool = None
         self.capture_s = 0.0
         """Seconds spent capturing."""
         self.pool_bytes = 0
         """Device memory the captures took (the shared pool's growth)."""
-        self.failed: dict[tuple, str] = {}
+        self.failed: dict[Hashable, str] = {}
         """Keys whose capture failed (they run eagerly), with the error."""
 
     def __len__(self) -> int:
         return len(self._runs)
 
-    def buffers(self, key: tuple, make: Callable[[], Inputs]) -> Inputs:
+    def buffers(self, key: Hashable, make: Callable[[], StepInputs]) -> StepInputs:
+        """The step inputs of `key` (made the first time): fixed addresses per key."""
         if key not in self.inputs:
             self.inputs[key] = make()
         return self.inputs[key]
 
-    def run(self, key: tuple, step: Callable[[], tuple]) -> tuple:
+    def run(self, key: Hashable, step: Callable[[], tuple]) -> tuple:
         """step() for `key`: eagerly the first time, then captured and replayed. A key
         whose capture fails stays eager (`failed` says why; the first failure warns):
         capture records without running, so the step then runs as it would have."""
@@ -191,7 +141,7 @@ class Graphs:
         """(the replay of step, what capturing it returned: None where capture records
         without running)."""
         if not self.cuda:  # the stand-in: ATen operations recorded as they run
-            rec = replay.record(step)
+            rec = record(step)
             return rec, rec.outputs_tree()
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_reserved(self.device)

@@ -2,9 +2,16 @@
 
 `Engine` (engine/engine.py) runs per request: it admits queued requests into free slots,
 collects finished rows and compacts the rest. What happens per forward lives here: the
-prefill of newly admitted rows, the decoding (k = 0) or speculative (k >= 1) step with its
-draft, target forward and verification (a chain here, a tree in `engine.tree_step`), and
-the recording of each row's verified tokens with the iteration's one host read-back.
+prefill of newly admitted rows, and the decoding (k = 0) or speculative (k >= 1) step:
+
+* prepare, on the host (`_step`): k from the depth policy within what the rows hold
+  (`HostRows`, the host's truth), a proposal built on the host (history, combined) or
+  the drafter's host part of one made on the device (`Drafter.prepare`), the step's key;
+* run, on the device (`_run`, the one function captured with CUDA graphs): a proposal
+  made on the device, the target forward, verification (a chain here, a tree in
+  `engine.tree_step`) and the recording of each row's verified tokens, → `StepOutputs`;
+* update, on the host (`_update`): the one read of those outputs (`StepRead`) moves the
+  host's rows on, the statistics and the depth policy learn, the drafter commits.
 
 `Stepper` holds no state of its own: it is the base of `Engine`, whose model, cache,
 drafter, depth policy and statistics it works on.
@@ -18,16 +25,16 @@ import warnings
 import numpy as np
 import torch
 
-from specroll.drafters.base import DraftBatch, Drafter, Emitted, Proposal
+from specroll.drafters.base import DraftBatch, Drafter, Proposal
 from specroll.engine import graphs, tree_step
 from specroll.engine.depth import DepthPolicy
 from specroll.engine.slots import Slots
+from specroll.engine.step import StepInputs, StepKey, StepRead
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.spec import rng
 from specroll.spec.metrics import CollapseDetector, SpecStats
 from specroll.spec.sampling import Hints, RowSampling
-from specroll.spec.tree import TreeVerifyOutput
 from specroll.spec.verify import VerifyOutput, verify
 
 PREFILL_TOKENS = 8192
@@ -45,7 +52,7 @@ class Stepper:
     forms: tuple[str, ...]
     stats: SpecStats
     _collapse: CollapseDetector
-    step_graphs: graphs.Graphs | None
+    captured: graphs.Graphs | None
 
     def _prefill(self, st: Slots, start: int, prompts: list[list[int]]) -> None:
         """Prefill new rows at slots start.. in groups of at most `PREFILL_TOKENS`."""
@@ -82,7 +89,7 @@ class Stepper:
             ctx = self.model.cfg.max_position_embeddings
             sampling = st.sampling(rows, span)
             ver = self._verify_chain(st, rows, out.logits, none, None, sampling)
-            read = self._accept(st, rows, span, ver, none, ctx)
+            read = self._accept(st, rows, span, ver, none, ctx).for_drafter([])
             if self.drafter is not None:
                 t = time.perf_counter()
                 seqs = [p + read.entered(b) for b, p in enumerate(group)]
@@ -91,70 +98,51 @@ class Stepper:
             i = j
 
     def _step(self, st: Slots, B: int, ctx: int) -> int:
-        """One decoding (k = 0) or speculative (k >= 1) iteration; returns tokens emitted.
+        """One decoding (k = 0) or speculative (k >= 1) iteration of rows 0..B-1:
+        prepare (host) → `_run` (device; captured with graphs on) → update (host).
+        Returns the tokens emitted.
 
         Its wall time (draft, target forward, verification, drafter commit) goes back to
         the depth policy, which calibrates its cost model on it."""
         t_iter = time.perf_counter()
-        pos_host = st.pos_host[:B]
-        top = max(pos_host)  # the deepest row's position: sizes, room, the draft's key axis
-        # the fp32 mean of the positions (what the cost model was fitted on), from the host
-        # mirror: the sum of < 2^24 is exact in fp32, so this is the same rounded quotient
-        mean_ctx = float(np.float32(sum(pos_host) / B))
-        k = self.depth.choose(B, mean_ctx)
-        # every row's k+1 positions must fit the cache and the context window, and no
-        # row drafts a token its budget could not keep: with r tokens to go, r - 1 drafts
-        # and the bonus token fill it (so acceptance counts only what could be emitted)
-        room = min(ctx, self.cache.max_len) - 1 - top
-        # (a tree's k is its node count: only its depth is bounded by the budget, below)
-        deepest = (
-            room if self.drafter is not None and self.drafter.tree else max(st.left_host[:B]) - 1
-        )
-        k = max(0, min(k, room, deepest))
-        hints = Hints.of(st.params_host[:B])  # the processors the rows need
-        sampling = st.sampling(slice(0, B), None, hints)
-        prop, form = None, None
-        # a drafter that proposes on the device alone does so inside the static step
-        in_graph = k > 0 and self.step_graphs is not None and self.drafter.static
-        # (a static step computes its rows' num_draft itself)
-        num_draft = None if in_graph else st.num_draft(B, k)  # [B]
-        if in_graph:
+        rows = st.host
+        top = max(rows.pos[:B])  # the deepest row's position: sizes, room, the key axis
+        # the fp32 mean of the positions (what the cost model was fitted on), from the
+        # host: the sum of < 2^24 is exact in fp32, so this is the same rounded quotient
+        mean_ctx = float(np.float32(sum(rows.pos[:B]) / B))
+        k = self._depth(st, B, ctx, top, mean_ctx)
+        hints = Hints.of(rows.params[:B])  # the processors the rows need
+        inside = k > 0 and self.drafter.in_step  # the proposal is made in the step
+        prop, form, proposing = None, None, 0.0
+        if k > 0:
             t = time.perf_counter()
-            self.drafter.prepare_static(B, k, st.history, pos_host)  # (long lags: eagerly)
-            self.stats.draft_s += time.perf_counter() - t
-        elif k > 0:
-            form = self.depth.forms.choose(k) if self.forms else None
-            t = time.perf_counter()
-            prop = self.drafter.propose(
-                DraftBatch(
-                    k=k,
-                    num_draft=num_draft,
-                    last=st.last[:B],
-                    pos=st.pos[:B],
-                    history=st.history,
-                    sampling=sampling,
-                    seed=st.seed[:B],
-                    n_gen=st.n_gen[:B],
-                    pos_host=pos_host,
-                    caps=st.caps(B, k),
-                    form=form,
-                )
-            )
-            t_proposed = time.perf_counter()
-            proposing = t_proposed - t
+            if inside:  # what the step's shapes cannot hold, done now
+                self.drafter.prepare(B, k, st.history, self.captured is not None)
+            else:
+                form = self.depth.forms.choose(k) if self.forms else None
+                prop = self.drafter.propose(self._batch(st, B, k, hints, form))
+            proposing = time.perf_counter() - t
             self.stats.draft_s += proposing
-            if prop.lengths is not None and prop.parents is None:
-                num_draft = torch.minimum(num_draft, prop.lengths)
+        t_proposed = time.perf_counter()
+        key = self._key(B, k, top, ctx, hints, prop, inside)
         pos_before = st.pos[:B].clone()
-        t = time.perf_counter()
-        args = (prop, num_draft, top, ctx, sampling, in_graph)
-        packed, hidden, n, K1 = self._verify(st, B, k, *args)
-        self.stats.target_s += time.perf_counter() - t
-        tree = prop is not None and prop.parents is not None
-        read = self._read(st, range(B), packed.tolist(), n, K1, tree=tree)
+        t, self._proposing = time.perf_counter(), 0.0
+        if self.captured is None:
+            packed, hidden, K1 = self._run(st, key, StepInputs.of(B, prop, self.device))
+        else:
+            V = self.model.cfg.vocab_size
+            buf = self.captured.buffers(key, lambda: StepInputs.new(key, V, self.device))
+            buf.fill(B, prop)
+            packed, hidden, K1 = self.captured.run(key, lambda: self._run(st, key, buf))
+            hidden = {i: h[:B] for i, h in hidden.items()}
+        read = StepRead.unpack(packed.tolist(), key.n, B, K1)  # the iteration's one read
+        self.stats.draft_s += self._proposing
+        self.stats.target_s += time.perf_counter() - t - self._proposing
+        self._update(st, range(B), read, tree=key.tree)
         if self.drafter is not None:
             t = time.perf_counter()
-            self.drafter.commit(B, pos_before, st.pos[:B] - pos_before, hidden, read)
+            num_new = st.pos[:B] - pos_before
+            self.drafter.commit(B, pos_before, num_new, hidden, read.for_drafter(rows.pos[:B]))
             self.stats.draft_s += time.perf_counter() - t
         if form is not None:  # what the form measured: its proposal, the rest of the iteration
             rest = time.perf_counter() - t_proposed
@@ -162,71 +150,114 @@ class Stepper:
         self.depth.observe_time(B, k, mean_ctx, time.perf_counter() - t_iter)
         return sum(read.count)
 
-    def _verify(
+    def _depth(self, st: Slots, B: int, ctx: int, top: int, mean_ctx: float) -> int:
+        """The depth policy's k for this iteration, within what every row can hold: its
+        k+1 positions must fit the cache and the context window, and no row drafts a
+        token its budget could not keep (with r tokens to go, r - 1 drafts and the bonus
+        token fill it, so acceptance counts only what could be emitted)."""
+        k = self.depth.choose(B, mean_ctx)
+        room = min(ctx, self.cache.max_len) - 1 - top
+        # (a tree's k is its node count: only its depth is bounded by the budget)
+        tree = self.drafter is not None and self.drafter.tree
+        deepest = room if tree else max(st.host.left[:B]) - 1
+        return max(0, min(k, room, deepest))
+
+    def _batch(self, st: Slots, B: int, k: int, hints: Hints, form: str | None) -> DraftBatch:
+        """What a drafter proposing on the host sees of rows 0..B-1."""
+        return DraftBatch(
+            k=k,
+            num_draft=st.num_draft(B, k),
+            last=st.last[:B],
+            pos=st.pos[:B],
+            history=st.history,
+            sampling=st.sampling(slice(0, B), None, hints),
+            seed=st.seed[:B],
+            n_gen=st.n_gen[:B],
+            pos_host=st.host.pos[:B],
+            caps=st.host.caps(B, k),
+            form=form,
+        )
+
+    def _key(
         self,
-        st: Slots,
         B: int,
         k: int,
-        prop: Proposal | None,
-        num_draft: torch.Tensor | None,
         top: int,
         ctx: int,
-        sampling: RowSampling,
-        in_graph: bool = False,
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int, int]:
-        """The device part of an iteration of rows 0..B-1 after its proposal: the target
-        forward, verification (a chain, k = 0 plain, or a tree) and recording. Returns
-        (the packed read of `_record`, the drafter's hidden states of rows 0..B-1, the
-        rows packed, the candidates per row K + 1). num_draft [B]: what each row may
-        verify (None with `in_graph`: the proposal is made in the static step too, by
-        the drafter's `propose_static`, and prop is None); sampling: the rows' settings.
+        hints: Hints,
+        prop: Proposal | None,
+        inside: bool,
+    ) -> StepKey:
+        """The step's host values: the iteration's own (eager), or with graphs the
+        batch's bucket, the key bucket's axis (`engine.graphs`) and the drafter's epoch."""
+        tree = prop is not None and prop.parents is not None
+        shape = dict(
+            probs=prop is not None and prop.probs is not None,
+            lengths=prop is not None and prop.lengths is not None,
+            tree=tree,
+            inside=inside,
+        )
+        if self.captured is None:
+            return StepKey(B, k, top, ctx, hints, **shape)
+        Bb = graphs.bucket(B, len(self._st.pos))
+        keys = graphs.key_bucket(top + k + 1, self.cache.max_len)
+        # (a tree always takes lengths: it may be narrower than k)
+        shape["lengths"] = shape["lengths"] or tree
+        epoch = self.drafter.epoch if inside else -1  # its tensors' age
+        return StepKey(Bb, k, keys - (k + 1), ctx, hints, **shape, padded=True, epoch=epoch)
 
-        With graphs (`engine.graphs`) the same step runs over the static buffers of the
-        batch's bucket: rows past B are padding, the key axis is the key bucket's, and a
-        tree is walked masked to its node count."""
+    def _run(
+        self, st: Slots, key: StepKey, buf: StepInputs
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
+        """The device step of `key`'s rows: the proposal when the drafter makes it here
+        (`key.inside`), the target forward, verification (a chain, k = 0 plain, or a
+        tree) and recording → (the packed `StepOutputs`, the drafter's hidden states,
+        the candidates per row K + 1).
+        It reads no host value but `key`'s and no device value back: eager, it runs as
+        it is; with graphs, it is what is captured and replayed (`engine.graphs`), over
+        the bucket's rows (past `buf.n_live`: padding) and the key bucket's axis."""
+        n, k = key.n, key.k
         long = dict(dtype=torch.long, device=self.device)
-        drafts = torch.zeros(B, 0, **long) if prop is None else prop.tokens  # [B, k]
-        probs = None if prop is None else prop.probs  # [B, k, V]
-        lengths = None if prop is None else prop.lengths  # [B]
-        parents = None if prop is None else prop.parents  # [B, k]
-        if self.step_graphs is None:
-            args = (drafts, probs, parents, lengths, num_draft, top, ctx, sampling)
-            packed, hidden, K1 = self._device_step(st, B, *args)
-            return packed, hidden, B, K1
-        Bb = graphs.bucket(B, st.pos.shape[0])
-        hints = sampling.hints  # the processors the live rows need
-        keys = graphs.key_bucket(top + k + 1, self.cache.max_len)  # the key axis
-        tree = parents is not None  # (a tree always takes lengths: it may be narrower than k)
-        shape = (probs is not None, lengths is not None or tree, tree)
-        epoch = self.drafter.epoch if in_graph else -1  # its tensors' age
-        key = (Bb, k, keys, *shape, hints, epoch)
-        V = self.model.cfg.vocab_size
-        buf = self.step_graphs.buffers(key, lambda: graphs.Inputs.new(Bb, k, V, *shape, **long))
-        buf.fill(B, drafts, probs, lengths, parents)
+        live = torch.arange(n, **long) < buf.n_live if key.padded else None  # [n]
+        nd = st.num_draft(n, k)  # [n] what each row may verify
+        if live is not None:
+            nd = torch.where(live, nd, 0)
+        if buf.lengths is not None and not key.tree:
+            nd = torch.minimum(nd, buf.lengths)
+        sampling = st.sampling(slice(0, n), None, key.hints)
+        if live is not None:
+            sampling = sampling.only(live)
+        drafts, probs = buf.drafts, buf.probs
+        if key.inside:
+            t = time.perf_counter()  # (eager: timed; captured, this line is not replayed)
+            prop = self.drafter.propose(self._inside(st, key, nd, sampling, live))
+            self._proposing = time.perf_counter() - t
+            drafts, probs = prop.tokens, prop.probs
+            if prop.lengths is not None:  # (a chain's usable drafts: n-gram matches)
+                nd = torch.minimum(nd, prop.lengths)
+        args = (drafts, probs, buf.parents, buf.lengths, nd, key.max_start, key.ctx, sampling)
+        return self._device_step(st, n, *args, live=live)
 
-        def step() -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
-            live = torch.arange(Bb, **long) < buf.n_live  # [Bb]
-            nd = torch.where(live, st.num_draft(Bb, k), 0)
-            if buf.lengths is not None and buf.parents is None:
-                nd = torch.minimum(nd, buf.lengths)
-            padded = st.sampling(slice(0, Bb), None, hints).only(live)  # [Bb] rows
-            drafts, probs = buf.drafts, buf.probs
-            if in_graph:
-                pos = torch.where(live, st.pos[:Bb], 0)
-                last, seed, n_gen = st.last[:Bb], st.seed[:Bb], st.n_gen[:Bb]
-                batch = DraftBatch(k, nd, last, pos, st.history, padded, seed, n_gen)
-                prop = self.drafter.propose_static(batch, live, keys)
-                drafts, probs = prop.tokens, prop.probs
-                if prop.lengths is not None:  # (a chain's usable drafts: n-gram matches)
-                    nd = torch.minimum(nd, prop.lengths)
-            start = keys - (k + 1)  # the `max_start` that gives that key axis
-            args = (drafts, probs, buf.parents, buf.lengths, nd, start, ctx, padded)
-            return self._device_step(st, Bb, *args, live=live)
-
-        packed, hidden, K1 = self.step_graphs.run(key, step)
-        if in_graph:
-            self.drafter.after_static(B, k, st.pos_host[:B])
-        return packed, {i: h[:B] for i, h in hidden.items()}, Bb, K1
+    def _inside(
+        self,
+        st: Slots,
+        key: StepKey,
+        nd: torch.Tensor,
+        sampling: RowSampling,
+        live: torch.Tensor | None,
+    ) -> DraftBatch:
+        """What a drafter proposing inside the step sees: eagerly, what the host knows of
+        the rows too; captured, the fixed key axis and the live rows instead."""
+        n = key.n
+        pos = st.pos[:n] if live is None else torch.where(live, st.pos[:n], 0)
+        batch = DraftBatch(
+            key.k, nd, st.last[:n], pos, st.history, sampling, st.seed[:n], st.n_gen[:n]
+        )
+        if key.padded:
+            batch.live, batch.keys = live, key.max_start + key.k + 1
+        else:
+            batch.pos_host, batch.caps = st.host.pos[:n], st.host.caps(n, key.k)
+        return batch
 
     def _device_step(
         self,
@@ -244,8 +275,7 @@ class Stepper:
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
         """Rows 0..n-1 (`live`: those that are not padding; None: all): drafts [n, k],
         their q [n, k, V] or None, their tree's parents [n, k] or None (a chain) →
-        (the packed read, hidden states, K + 1). No host read, no host value but the
-        shapes and max_start: what a CUDA graph can hold."""
+        (the packed `StepOutputs`, hidden states, K + 1)."""
         rows = torch.arange(n, device=self.device)
         layers = self.drafter.hidden_layers if self.drafter else ()
         hits = None
@@ -267,8 +297,8 @@ class Stepper:
             )
             ver = self._verify_chain(st, rows, out.logits, num_draft, (drafts, probs), sampling)
             nodes, hidden = num_draft, out.hidden
-        packed = self._record(st, rows, ver, num_draft, ctx, nodes=nodes, hits=hits, live=live)
-        return packed, hidden, ver.tokens.shape[1]
+        outs = st.outputs(rows, ver, num_draft, ctx, nodes=nodes, hits=hits, live=live)
+        return outs.pack(), hidden, ver.tokens.shape[1]
 
     def _verify_chain(
         self,
@@ -307,98 +337,33 @@ class Stepper:
         ver: VerifyOutput,
         num_draft: torch.Tensor,
         ctx: int,
-    ) -> Emitted:
-        """`_record` and `_read` of a prefill's first tokens (not a speculation step)."""
-        packed = self._record(st, rows, ver, num_draft, ctx)
-        return self._read(st, span, packed.tolist(), len(span), ver.tokens.shape[1], observe=False)
-
-    def _record(
-        self,
-        st: Slots,
-        rows: torch.Tensor,
-        ver: VerifyOutput | TreeVerifyOutput,
-        num_draft: torch.Tensor,
-        ctx: int,
-        nodes: torch.Tensor | None = None,
-        hits: torch.Tensor | None = None,
-        live: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Record each row's verified tokens up to its first stop condition, on the device.
-
-        rows: [n] the slots; ver: the verification of K drafted positions per row (chain
-        or tree), num_draft [n] the positions each row drafted, nodes [n] the candidates
-        it verified (a tree's may exceed num_draft; None: none), hits [k] per tree node
-        the rows whose accepted path went through it (what the depth policy learns from a
-        tree), live [n] the rows that are not padding (None: all). Every row advances its
-        cache position by the tokens that entered the cache (`last` + accepted drafts).
-
-        Returns what the host needs to learn of the iteration — positions, tokens, finish
-        codes, the speculation counters — packed in one tensor, which `_read` reads back
-        once: on a GPU, the one stall of an iteration (`engine.syncs`), and all that
-        drafters working on the host (history) learn of it.
-        """
-        n, K1 = ver.tokens.shape
-        long = dict(dtype=torch.long, device=self.device)
-        idx = st.n_gen[rows].unsqueeze(1) + torch.arange(K1, **long)  # [n, K+1] output index
-        emitted = ver.num_emitted  # [n]
-        out = ver.tokens.clamp(min=0)  # [n, K+1]
-        if live is not None:  # padding rows emit nothing and keep nothing
-            emitted = torch.where(live, emitted, 0)
-        count, finish = st.cut(rows, out, emitted, ctx)
-        if live is not None:
-            count = torch.where(live, count, 0)
-            finish = torch.where(live, finish, st.finish[rows])
-        st.record(rows, idx, out, ver.logprobs, emitted, count, finish, live)
-        drafted = st.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
-        if nodes is None:
-            nodes = torch.zeros_like(num_draft)
-        parts = [emitted, count, finish, num_draft, ver.num_accepted, nodes, out.flatten()]
-        if drafted is not None:  # per-position totals: statistics, depth policy
-            parts += [ver.accepted.sum(0), drafted.sum(0), (ver.accepted & drafted).sum(0)]
-            if hits is not None:
-                parts.append(hits)
-        return torch.cat(parts)
-
-    def _read(
-        self,
-        st: Slots,
-        span: range,
-        host: list[int],
-        n: int,
-        K1: int,
-        tree: bool = False,
-        observe: bool = True,
-    ) -> Emitted:
-        """The host's half of `_record`: `host` is its packed tensor, read back, for n
-        rows (the first len(span) of them live, at slots `span`) of K1 candidates each
-        (`tree`: with per-node hits). Brings the slots' host mirrors up to date and, for
-        a decode/verify step (`observe`), the statistics and the depth policy."""
-        B, K = len(span), K1 - 1
-        h_emit, h_count, h_finish, h_draft, h_acc, h_nodes = (
-            host[i * n : i * n + B] for i in range(6)
-        )
-        st.mirror(span, h_emit, h_count, h_finish)
-        read = Emitted([st.pos_host[b] for b in span], h_emit, h_count, host[6 * n :][: B * K1], K1)
-        total = sum(h_count)
-        if observe:  # decode/verify forward (prefill is not a speculation step)
-            per_pos = host[6 * n + n * K1 :]
-            acc_pos, drafted_pos = per_pos[:K], per_pos[K : 2 * K]
-            # what the depth policy learns: per position (chain), per node (tree)
-            acc_drafted = per_pos[3 * K :] if tree else per_pos[2 * K : 3 * K]
-            self.stats.observe_counts(B, K, total, h_draft, acc_pos, drafted_pos)
-            self.stats.draft_nodes += sum(h_nodes)
-            if acc_drafted:
-                self.depth.observe_counts(B, acc_drafted, total)
-            if tree:
-                self.stats.observe_tree(B, acc_drafted)
-            # first draft positions only: deep positions of a healthy draft are rarely
-            # reached, a stale or corrupt one fails at once (history's misses are no fault)
-            if self.drafter is not None and self.drafter.watch_collapse:
-                self._watch(
-                    sum(d > 0 for d in h_draft),
-                    sum(a > 0 and d > 0 for a, d in zip(h_acc, h_draft, strict=True)),
-                )
+    ) -> StepRead:
+        """`Slots.outputs` and `_update` of a prefill's first tokens (not a speculation
+        step)."""
+        packed = st.outputs(rows, ver, num_draft, ctx).pack()
+        read = StepRead.unpack(packed.tolist(), len(span), len(span), ver.tokens.shape[1])
+        self._update(st, span, read, observe=False)
         return read
+
+    def _update(self, st: Slots, span: range, read: StepRead, *, tree=False, observe=True) -> None:
+        """The host's half of `Slots.outputs`: the rows at slots `span` (`tree`: verified as
+        trees) move on in the host's state and, for a decode/verify step (`observe`),
+        the statistics and the depth policy learn of the iteration."""
+        st.host.advance(span, read.emitted, read.count, read.finish)
+        if not observe:  # (prefill is not a speculation step)
+            return
+        B, K, total = len(span), read.width - 1, sum(read.count)
+        self.stats.observe_counts(B, K, total, read.drafted, read.accepted_at, read.drafted_at)
+        self.stats.draft_nodes += sum(read.nodes)
+        if read.learned:  # per position (chain), per node (tree)
+            self.depth.observe_counts(B, read.learned, total)
+        if tree:
+            self.stats.observe_tree(B, read.learned)
+        # first draft positions only: deep positions of a healthy draft are rarely
+        # reached, a stale or corrupt one fails at once (history's misses are no fault)
+        if self.drafter is not None and self.drafter.watch_collapse:
+            pairs = list(zip(read.accepted, read.drafted, strict=True))
+            self._watch(sum(d > 0 for _, d in pairs), sum(a > 0 and d > 0 for a, d in pairs))
 
     def _watch(self, drafted: int, first_accepted: int) -> None:
         """Rows that drafted this iteration, and those whose first draft token was kept."""

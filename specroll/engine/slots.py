@@ -1,23 +1,23 @@
-"""The engine's per-row state, slot-indexed tensors (row b = cache slot b), so that a
-decoding step is a handful of tensor ops whatever the batch size."""
+"""The engine's per-row state on the device, slot-indexed tensors (row b = cache slot b),
+so that a decoding step is a handful of tensor ops whatever the batch size. The host's
+truth about the same rows is `host` (`engine.rows.HostRows`)."""
 
 from __future__ import annotations
 
 import torch
 
 from specroll.engine.request import Request, Result, SamplingParams
+from specroll.engine.rows import CONTEXT, LENGTH, NONE, STOP, HostRows
+from specroll.engine.step import StepOutputs
 from specroll.spec.metrics import SpecStats
 from specroll.spec.sampling import Hints, RowSampling
-
-NONE, STOP, LENGTH, CONTEXT = 0, 1, 2, 3
-"""Finish codes of a row (`Slots.finish`)."""
-REASONS = {STOP: "stop", LENGTH: "length", CONTEXT: "context"}
-"""`Result.finish_reason` of each finish code."""
+from specroll.spec.tree import TreeVerifyOutput
+from specroll.spec.verify import VerifyOutput
 
 
 class Slots:
     """Slot-indexed state of the rows being decoded (row b = slot b), on the engine's
-    device (`device`); only `request` (Python ints) and `result` (lists) are host-side."""
+    device (`device`), and their host state (`host`)."""
 
     def __init__(
         self,
@@ -59,19 +59,8 @@ class Slots:
         self.accepted = torch.zeros(n, **long)
         self.accepted_pos = torch.zeros(n, max(k_max, 1), **long)  # [S, k_max]
         self.drafted_pos = torch.zeros(n, max(k_max, 1), **long)
-        self.request = [-1] * n
-        # host mirrors, kept in step with the tensors from values the host already has
-        # (request parameters) or reads once per iteration (`Stepper._read`)
-        self.pos_host = [0] * n
-        """pos of each slot, on the host."""
-        self.finish_host = [NONE] * n
-        """finish of each slot, on the host."""
-        self.left_host = [0] * n
-        """tokens each slot may still generate (max_new - n_gen), on the host."""
-        self.params_host = [(1.0, 0, 1.0)] * n
-        """(temperature, top_k, top_p) of each slot, on the host (`Hints`)."""
-        self.max_draft_host = [-1] * n
-        """max_draft of each slot (-1: no cap), on the host."""
+        self.host = HostRows(n)
+        """The same rows' host state: what the host sizes and steers iterations by."""
 
     @property
     def history(self) -> torch.Tensor:
@@ -83,25 +72,16 @@ class Slots:
         as a host range), for draft and verifier, with their host-side `Hints` (those of
         `span`, or `hints` as given)."""
         if hints is None:
-            hints = Hints.of([self.params_host[b] for b in span])
+            hints = Hints.of([self.host.params[b] for b in span])
         return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows], hints)
 
     def num_draft(self, n: int, k: int) -> torch.Tensor:
         """[n] tokens each of rows 0..n-1 may draft at depth k: its request's cap
         (`max_draft`, -1: none), and no more than its budget can keep (r tokens to go:
-        r - 1 drafts and the bonus token). `caps` is the same on the host."""
+        r - 1 drafts and the bonus token). `HostRows.caps` is the same on the host."""
         cap = self.max_draft[:n].clamp(max=k)
         cap = torch.where(cap < 0, k, cap)
         return torch.minimum(cap, self.max_new[:n] - self.n_gen[:n] - 1)
-
-    def caps(self, B: int, k: int) -> list[int]:
-        """Tokens each of rows 0..B-1 may draft at depth k, on the host: its request's
-        cap (`max_draft`), and no more than its budget can keep (r tokens to go: r - 1
-        drafts and the bonus token). `num_draft` is the same on the device."""
-        return [
-            min(k if m < 0 else min(m, k), left - 1)
-            for m, left in zip(self.max_draft_host[:B], self.left_host[:B], strict=True)
-        ]
 
     def tensors(self) -> list[torch.Tensor]:
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
@@ -109,32 +89,23 @@ class Slots:
     def move(self, src: int, dst: int) -> None:
         for t in self.tensors():
             t[dst] = t[src]
-        for host in (
-            self.request,
-            self.pos_host,
-            self.finish_host,
-            self.left_host,
-            self.params_host,
-            self.max_draft_host,
-        ):
-            host[dst] = host[src]
+        self.host.move(src, dst)
 
     def admit(self, b: int, p: SamplingParams, j: int, seed: int, stops: tuple[int, ...]) -> None:
         """Slot b starts request j (parameters p, its seed and stop ids)."""
-        self.request[b] = j
+        cap = -1 if p.max_draft is None else p.max_draft
+        params = (float(p.temperature), int(p.top_k), float(p.top_p))
+        self.host.admit(b, j, params, p.max_new_tokens, cap)
         self.n_gen[b] = 0
         self.finish[b] = NONE
-        self.finish_host[b] = NONE
-        self.params_host[b] = (float(p.temperature), int(p.top_k), float(p.top_p))
         self.drafts[b] = self.draft_tokens[b] = self.accepted[b] = 0
         self.accepted_pos[b] = self.drafted_pos[b] = 0
         self.max_new[b] = p.max_new_tokens
-        self.left_host[b] = p.max_new_tokens
         self.seed[b] = seed
         self.temperature[b] = p.temperature
         self.top_k[b] = p.top_k
         self.top_p[b] = p.top_p
-        self.max_draft[b] = self.max_draft_host[b] = -1 if p.max_draft is None else p.max_draft
+        self.max_draft[b] = cap
         self.stops[b] = -1
         if stops:
             self.stops[b, : len(stops)] = torch.tensor(stops, dtype=torch.long, device=self.device)
@@ -154,7 +125,7 @@ class Slots:
         self.history[rows, : tokens.shape[1]] = tokens
         self.pos[rows] = lengths - 1
         for b, n in zip(span, host_lengths, strict=True):
-            self.pos_host[b] = n - 1
+            self.host.pos[b] = n - 1
         self.last[rows] = tokens[torch.arange(len(span), device=self.device), lengths - 1]
 
     def cut(
@@ -195,7 +166,7 @@ class Slots:
         row b's K + 1 candidates (tokens, logprobs: [n, K+1], at output indices idx
         [n, K+1]) are kept, written with a mask into the slack columns; its cache position
         advances by emitted[b] (the tokens that entered the cache), its finish code
-        becomes finish[b]. `live` [n]: the rows that are not a static step's padding
+        becomes finish[b]. `live` [n]: the rows that are not a captured step's padding
         (None: all); a padding row emits nothing and keeps its `last`."""
         col = torch.arange(tokens.shape[1], device=self.device)
         keep = col < count.unsqueeze(1)  # [n, K+1]
@@ -212,6 +183,49 @@ class Slots:
         self.pos[rows] += emitted
         self.n_gen[rows] += count
         self.finish[rows] = finish
+
+    def outputs(
+        self,
+        rows: torch.Tensor,
+        ver: VerifyOutput | TreeVerifyOutput,
+        num_draft: torch.Tensor,
+        ctx: int,
+        nodes: torch.Tensor | None = None,
+        hits: torch.Tensor | None = None,
+        live: torch.Tensor | None = None,
+    ) -> StepOutputs:
+        """Record each row's verified tokens up to its first stop condition, on the device.
+
+        rows: [n] the slots; ver: the verification of K drafted positions per row (chain
+        or tree), num_draft [n] the positions each row drafted, nodes [n] the candidates
+        it verified (a tree's may exceed num_draft; None: none), hits [k] per tree node
+        the rows whose accepted path went through it (what the depth policy learns from a
+        tree), live [n] the rows that are not padding (None: all). Every row advances its
+        cache position by the tokens that entered the cache (`last` + accepted drafts).
+
+        Returns what the host needs to learn of the iteration, which it reads back once
+        (`StepOutputs.pack`): on a GPU, the one stall of an iteration (`engine.syncs`),
+        and all that drafters working on the host (history) learn of it.
+        """
+        n, K1 = ver.tokens.shape
+        long = dict(dtype=torch.long, device=self.device)
+        idx = self.n_gen[rows].unsqueeze(1) + torch.arange(K1, **long)  # [n, K+1] output index
+        emitted = ver.num_emitted  # [n]
+        out = ver.tokens.clamp(min=0)  # [n, K+1]
+        if live is not None:  # padding rows emit nothing and keep nothing
+            emitted = torch.where(live, emitted, 0)
+        count, finish = self.cut(rows, out, emitted, ctx)
+        if live is not None:
+            count = torch.where(live, count, 0)
+            finish = torch.where(live, finish, self.finish[rows])
+        self.record(rows, idx, out, ver.logprobs, emitted, count, finish, live)
+        drafted = self.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
+        nodes = torch.zeros_like(num_draft) if nodes is None else nodes
+        outs = StepOutputs(emitted, count, finish, num_draft, ver.num_accepted, nodes, out)
+        if drafted is not None:  # per-position totals: statistics, depth policy
+            outs.accepted_at, outs.drafted_at = ver.accepted.sum(0), drafted.sum(0)
+            outs.learned = hits if hits is not None else (ver.accepted & drafted).sum(0)
+        return outs
 
     def count_drafts(
         self,
@@ -234,23 +248,11 @@ class Slots:
         self.drafted_pos[rows, :K] += drafted.long()
         return drafted
 
-    def mirror(self, span: range, emitted: list[int], count: list[int], finish: list[int]) -> None:
-        """Bring the host mirrors of `span`'s slots up to date with an iteration's
-        emitted and kept tokens and finish codes, as read back once by the engine."""
-        for b, e, c, f in zip(span, emitted, count, finish, strict=True):
-            self.pos_host[b] += e
-            self.left_host[b] -= c
-            self.finish_host[b] = f
-
-    def finished(self, B: int) -> dict[int, str]:
-        """Rows among the first B that are done, with their finish reason (host mirror)."""
-        return {b: REASONS[f] for b, f in enumerate(self.finish_host[:B]) if f != NONE}
-
     def result(
         self, b: int, req: Request, seed: int, reason: str, versions: tuple[int, int | None]
     ) -> Result:
         """The finished request in slot b; versions: (policy, draft) it generated with."""
-        n, j, k = int(self.n_gen[b]), self.request[b], self.k_max
+        n, j, k = int(self.n_gen[b]), self.host.request[b], self.k_max
         return Result(
             request_id=j if req.request_id is None else req.request_id,
             prompt_ids=list(req.prompt_ids),

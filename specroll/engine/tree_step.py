@@ -42,7 +42,7 @@ def run(
     `Proposal`'s), lengths [n] the nodes each row filled (None: all k).
 
     A row keeps the nodes it filled no deeper than num_draft[b] (its cap, its budget,
-    the context room; 0 for padding rows, `live` False: a static step's, `engine.graphs`).
+    the context room; 0 for padding rows, `live` False: a captured step's, `engine.graphs`).
     max_start: the key axis (the deepest row's position, or a key bucket's). Returns
     (verification, each row's tree depth [n], its verified nodes [n], the drafter's hidden
     states `layers` along the accepted path ([n, D+1, H] each, as a chain's forward would

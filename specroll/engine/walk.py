@@ -42,7 +42,7 @@ class Walk:
         return Walk(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Walk)))
 
     @property
-    def tokens_per_forward(self) -> float:
+    def tokens_per_target_forward(self) -> float:
         return self.emitted / self.row_forwards if self.row_forwards else 0.0
 
     @property

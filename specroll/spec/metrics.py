@@ -75,7 +75,7 @@ class SpecStats:
     graph_bytes: int = 0
     """Device memory their shared pool took."""
     graph_failures: int = 0
-    """Step shapes whose capture failed (they run eagerly; `Engine.step_graphs.failed`)."""
+    """Step shapes whose capture failed (they run eagerly; `Engine.captured.failed`)."""
 
     def observe(self, num_draft: torch.Tensor, accepted: torch.Tensor, emitted: int) -> None:
         """num_draft: [B]; accepted: [B, K] cumulative acceptance mask; emitted: tokens out."""
@@ -132,7 +132,7 @@ class SpecStats:
         ]
 
     @property
-    def tokens_per_forward(self) -> float:
+    def tokens_per_target_forward(self) -> float:
         """Tokens a row gains per target forward (1 for plain decoding, k+1 at best)."""
         return self.emitted_tokens / self.row_forwards if self.row_forwards else 0.0
 
@@ -191,7 +191,7 @@ class SpecStats:
             "per_position": [round(x, 4) for x in self.per_position],
             "target_forwards": self.target_forwards,
             "depth_hist": list(self.depth_hist),
-            "tokens_per_target_forward": round(self.tokens_per_forward, 4),
+            "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),
             "draft_s": round(self.draft_s, 4),
             "target_s": round(self.target_s, 4),
             "other_s": round(self.other_s, 4),

@@ -11,8 +11,6 @@ import torch
 
 from specroll.device import resolve_device, resolve_dtype
 from specroll.drafters.base import Drafter
-from specroll.drafters.combined import CombinedDrafter
-from specroll.drafters.history import HistoryDrafter
 from specroll.drafting import registry
 from specroll.drafting.trainable import TrainableDraft
 from specroll.engine.depth import AdaptiveDepth, FixedDepth
@@ -127,7 +125,7 @@ class LocalRollout(RolloutBackend):
     def drafter_snapshot(self) -> dict | None:
         """The history store now (`DrafterShadow`): taken before a step's rollouts join it,
         what that step's shadow drafters start from."""
-        history = _history(self.engine.drafter)
+        history = registry.history_of(self.engine.drafter)
         return history.state_dict() if history is not None else None
 
     @contextmanager
@@ -146,14 +144,14 @@ class LocalRollout(RolloutBackend):
         eng = self._alt.get(name)
         if eng is None:
             rollout_cfg, prompts, log = self._alt_args
-            part = _part(self.engine.drafter, name)
+            part = registry.part_of(self.engine.drafter, name)
             eng = self._alt[name] = engine_with(rollout_cfg, self.engine.model, part, prompts, log)
 
         def generate(requests: Sequence[Request]) -> Results:
             eng.policy_version = self.engine.policy_version
             return eng.generate(requests)
 
-        history = _history(self.engine.drafter)
+        history = registry.history_of(self.engine.drafter)
         if history is None or "history" not in registry.sources(name):
             yield generate
             return
@@ -216,25 +214,3 @@ def build(
         served.device = next(engine.model.parameters()).device  # merge where it decodes
     backend.served = served
     return backend
-
-
-def _history(drafter: Drafter | None) -> HistoryDrafter | None:
-    """The history store a drafter drafts from, if any."""
-    if isinstance(drafter, CombinedDrafter):
-        return drafter.history
-    return drafter if isinstance(drafter, HistoryDrafter) else None
-
-
-def _part(drafter: Drafter | None, name: str) -> Drafter:
-    """The drafter `name` made of `drafter`'s parts (sharing its history and network)."""
-    if drafter is not None and drafter.name == name:
-        return drafter
-    history = _history(drafter)
-    net = drafter.draft if isinstance(drafter, CombinedDrafter) else drafter
-    part = registry.assemble(name, history, getattr(net, "network", None))
-    if part is None or ("history" in registry.sources(name) and history is None):
-        raise ValueError(
-            f"pipeline.shadow_drafters: {name} cannot be made of the run's drafter "
-            f"{getattr(drafter, 'name', None)!r}"
-        )
-    return part

@@ -67,7 +67,7 @@ def step_metrics(
         groups_kept=int(keep.sum()),
         groups=rewards.shape[0],
         acceptance_length=round(spec.acceptance_length, 4) if spec.drafts else None,
-        tokens_per_iter=round(spec.tokens_per_forward, 4),
+        tokens_per_target_forward=round(spec.tokens_per_target_forward, 4),
         tau_at=tau_table(spec),
         per_position=[round(x, 4) for x in spec.per_position] if spec.drafts else None,
         depth_hist=list(spec.depth_hist),  # decode iterations by draft depth (0 = plain)

@@ -94,7 +94,7 @@ class ShadowProbe:
             rate = (n_tok / max(seconds, 1e-9)) / (shadow_tok / max(shadow_s, 1e-9))
             m[f"shadow/{name}/gen_rate_speedup"] = round(rate, 4)
             m[f"shadow/{name}/acceptance_length"] = round(spec.acceptance_length, 4)
-            m[f"shadow/{name}/tokens_per_iter"] = round(spec.tokens_per_forward, 4)
+            m[f"shadow/{name}/tokens_per_target_forward"] = round(spec.tokens_per_target_forward, 4)
             m[f"shadow/{name}/gen_s"] = round(seconds, 3)
             m[f"shadow/{name}/tau_at"] = tau_table(spec)
             m[f"shadow/{name}/reward"] = round(mean[name], 4)

@@ -38,12 +38,12 @@ from specroll.rl.learner import build_host
 from specroll.rl.learner.schedule import lr_at
 from specroll.rl.replica import Weights
 from specroll.rl.rollout import build_rollout
-from specroll.rl.run import adapters, checkpoint, export, rundir, samples
+from specroll.rl.run import adapters, checkpoint, export, rundir, samples, validation
 from specroll.rl.run.loggers import Loggers, check_installed, open_loggers
 from specroll.rl.run.refill import StepGroups, refill
 from specroll.rl.run.report import step_metrics, write_report
 from specroll.rl.run.shadow import ShadowProbe
-from specroll.rl.run.task import VALIDATION_SEED, Task, step_seed
+from specroll.rl.run.task import Task, step_seed
 from specroll.rl.run.window import RolloutWindow
 from specroll.tasks.rewards import RewardError
 
@@ -92,8 +92,6 @@ class Trainer:
         self.samples: list[dict] = []
         """The last step's sample completions (`log.samples`)."""
         self.step = 0
-        self.val_by_source: dict[str, float] = {}
-        """The last validation's accuracy per data source ('val_accuracy/<source>')."""
         self.run_dir: rundir.RunDir | None = None
         weights = self.host.weights()
         self.refit_bytes = _local_bytes(Weights.of(policy, draft if cfg.draft.online else None))
@@ -246,28 +244,9 @@ class Trainer:
         m.update(self.shadow.metrics(problems, cfg.data.group_size, t["gen"], n_tok))
         return m
 
-    @torch.no_grad()
-    def validate(self) -> float:
-        """The mean reward of one sample per validation prompt (fixed seeds) of the current
-        policy, kept as metric `val_accuracy` (an accuracy when rewards are 0 or 1, and
-        shown to users as the validation reward); per data source in `val_by_source`
-        when records name theirs. Before the first step a stop request ends its scoring at
-        once (a resumed run validates again); after an update it finishes, so that the
-        step's metrics are logged."""
-        probs = self.task.validation()
-        self.val_by_source: dict[str, float] = {}
-        if not probs:
-            return float("nan")
-        results = self.rollout.generate(self.task.requests(probs, 1, VALIDATION_SEED))
-        if self.step == 0:
-            rewards = self.task.score(probs, results, 1).total.view(-1)
-        else:
-            rewards = self.task.rewards(probs, results, 1).view(-1)
-        sources = [p.record.get("data_source") for p in probs]
-        for src in sorted({str(x) for x in sources if x is not None}):
-            mine = [i for i, x in enumerate(sources) if x is not None and str(x) == src]
-            self.val_by_source[f"val_accuracy/{src}"] = round(float(rewards[mine].mean()), 4)
-        return round(float(rewards.mean()), 4)
+    def validate(self) -> dict[str, float]:
+        """The current policy's validation metrics (`validation.validate`)."""
+        return validation.validate(self.task, self.rollout.generate, first=self.step == 0)
 
     def checkpoint_state(self) -> dict:
         """What `state.pt` holds: the config, the old-log-prob source and the learner."""
@@ -385,7 +364,7 @@ class Trainer:
         # the starting validation reward, for reference (once: a run stopped after it and resumed
         # from its step-0 checkpoint has it logged already)
         if self.step == 0 and cfg.data.val_size and not run_dir.rows():
-            m0 = {"step": 0, "val_accuracy": self.validate(), **self.val_by_source}
+            m0 = {"step": 0, **self.validate()}
             run_dir.append(m0)
             loggers.step(m0)
             history.append(m0)
@@ -394,8 +373,7 @@ class Trainer:
             m = self.run_step()
             last = self.step == cfg.pipeline.steps
             if cfg.data.val_size and (self.step % cfg.data.val_every == 0 or last):
-                m["val_accuracy"] = self.validate()
-                m.update(self.val_by_source)
+                m.update(self.validate())
             run_dir.append_samples(self.samples)
             loggers.samples(self.step, self.samples)
             run_dir.append(m)
