@@ -157,8 +157,8 @@ def test_rollout_drafter_settings_are_checked():
     with pytest.raises(ValueError, match=r"rollout.k must be <= 64 for rollout.drafter=eagle3"):
         build_config("tiny", ["rollout.k=65"])
     cfg = build_config("tiny", ["rollout.drafter=history", "rollout.k=16"])
-    assert cfg.rollout.tree and not cfg.rollout.network and cfg.rollout.depth_max == 16
-    assert build_config("tiny", ["rollout.drafter=history", "rollout.k=0"]).rollout.depth_max == 32
+    assert cfg.rollout.tree and not cfg.rollout.network and cfg.rollout.k_max == 16
+    assert build_config("tiny", ["rollout.drafter=history", "rollout.k=0"]).rollout.k_max == 32
 
 
 def test_one_run_measures_every_drafter_on_the_same_requests(tiny_setup, tmp_path):

@@ -70,13 +70,13 @@ def _tokens(name: str, graphs_on: bool) -> list[list[int]]:
 
 
 @pytest.fixture
-def static_on_cpu(monkeypatch):
-    monkeypatch.setattr(graphs, "STATIC_ON", ("cuda", "cpu"))
+def captured_on_cpu(monkeypatch):
+    monkeypatch.setattr(graphs, "CAPTURE_ON", ("cuda", "cpu"))
     monkeypatch.setattr(graphs, "key_bucket", lambda need, max_len: need)
     monkeypatch.setattr(graphs, "bucket", lambda B, slots: B)
 
 
-def test_a_step_that_bakes_in_a_host_value_fails_under_replay(static_on_cpu, monkeypatch):
+def test_a_step_that_bakes_in_a_host_value_fails_under_replay(captured_on_cpu, monkeypatch):
     """A planted defect (each row's temperature taken from a host list inside the step)
     passes eagerly and under the old stand-in that re-ran the step's Python; replayed,
     the caps of the capture stay, and the tokens change. The real step passes."""
@@ -88,3 +88,20 @@ def test_a_step_that_bakes_in_a_host_value_fails_under_replay(static_on_cpu, mon
     rerun = lambda self, step: (step, None)  # noqa: E731  the stand-in before replay
     monkeypatch.setattr(graphs.Graphs, "_capture", rerun)
     assert _tokens("draft_model", graphs_on=True) == want  # ... which missed it
+
+
+def test_new_weights_end_the_captures_that_hold_the_old_ones(captured_on_cpu):
+    """Off CUDA, new weights are packed anew (`model.packed`): a step captured over the
+    old packed weights would replay them. Loading weights ends the captures, so the next
+    call emits what an engine that never captured emits with the new weights."""
+    target, reqs = model(), requests(11)
+    eng = Engine(target, EngineConfig(max_batch=5, seed=3, cuda_graphs=True))
+    eng.generate(reqs)
+    eng.generate(reqs)  # captured and replayed
+    new = {n: p.detach() * 1.5 for n, p in target.named_parameters()}
+    eng.load_weights(1, new)
+    got = [r.token_ids for r in eng.generate(reqs)]
+    fresh = Engine(model(), EngineConfig(max_batch=5, seed=3))
+    fresh.load_weights(1, new)
+    assert got == [r.token_ids for r in fresh.generate(reqs)]
+    assert eng.stats.graphs > 0

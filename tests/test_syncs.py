@@ -36,7 +36,7 @@ def test_the_counter_counts_host_reads_and_nothing_else():
     assert s.total == 0
 
 
-# syncs per decode iteration: the one read-back of `Stepper._read`; drafters take what
+# syncs per decode iteration: the one read-back (`StepRead`); drafters take what
 # they need of the host from it. On the CPU a tree is walked paced by the host (a read per
 # depth costs nothing there, and the LM head then runs over the path only); elsewhere it
 # is masked, and a tree iteration reads once too (`tree_step.HOST_PACED`). The combined

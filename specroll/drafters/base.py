@@ -74,7 +74,7 @@ class DraftBatch:
     n_gen: torch.Tensor
     """[B] tokens generated so far: draft i of row b is generated token n_gen[b] + i."""
     pos_host: list[int] | None = None
-    """`pos` as the host already knows it (the engine's mirror), so that a drafter need
+    """`pos` as the host already knows it (the engine's `HostRows`), so that a drafter need
     not read it back from the device; None: unknown."""
     caps: list[int] | None = None
     """`num_draft` as the host knows it; None: unknown."""
@@ -89,7 +89,7 @@ class DraftBatch:
 
     @property
     def max_pos(self) -> int | None:
-        """max(pos) from the host mirror (None: unknown)."""
+        """max(pos) as the host knows it (None: unknown)."""
         return None if self.pos_host is None else max(self.pos_host, default=0)
 
 

@@ -185,13 +185,14 @@ class Engine(Stepper):
             self.drafter.start(self.cache.num_slots, self.cache.max_len, st.host)
             self.depth.forms.restart()  # the time between calls is not an iteration
         self.stats = SpecStats()
-        on = self.config.cuda_graphs and self.device.type in graphs.CAPTURE_ON
-        if not on:
-            self.captured = None
-        elif self.captured is None:
-            self.captured = Graphs(self.device)
-        capture_s = 0.0 if self.captured is None else self.captured.capture_s
         versions = (self.policy_version, None if self.drafter is None else self.drafter.version)
+        on = self.config.cuda_graphs and self.device.type in graphs.CAPTURE_ON
+        # the one place captured steps end: they hold the slots', the cache's and (off
+        # CUDA, where new weights are packed anew: `model.packed`) the weights' tensors
+        held = (st, self.cache, None if self.device.type == "cuda" else versions)
+        if not on or self.captured is None or not self.captured.holds(*held):
+            self.captured = Graphs(self.device, *held) if on else None
+        capture_s = 0.0 if self.captured is None else self.captured.capture_s
 
         # collection passes inside the loop skip the long-lived heap (`engine.heap`)
         with young_heap_only():
@@ -248,7 +249,8 @@ class Engine(Stepper):
     def _slots(self, n: int, max_gen: int, max_stops: int) -> Slots:
         """Slots for a call: the last call's when they hold it (n rows, max_gen tokens,
         max_stops stop ids, this cache), so that graphs captured over them stay valid
-        from call to call (an RL run's calls are alike); else new ones, and no graphs."""
+        from call to call (an RL run's calls are alike); else new ones (which no capture
+        holds: `Graphs.holds`)."""
         st = self._st
         if not (
             st is not None
@@ -258,7 +260,7 @@ class Engine(Stepper):
             and st.max_len == self.cache.max_len
             and st.k_max == self.depth.k_max
         ):
-            self._st = self.captured = None
+            self._st = None
             self._st = Slots(
                 n, max_gen, max_stops, self.cache.max_len, self.depth.k_max, self.device
             )
@@ -268,7 +270,7 @@ class Engine(Stepper):
         c = self.cache
         if c is not None and c.num_slots >= slots and c.max_len >= length:
             return
-        self._st = self.captured = None  # they hold the cache's tensors
+        self._st = self.captured = None  # (memory: they hold the old cache's tensors)
         if c is not None:
             slots, length = max(slots, c.num_slots), max(length, c.max_len)
         length = min(-(-length // 64) * 64, self.model.cfg.max_position_embeddings)

@@ -85,10 +85,11 @@ def bucket(B: int, slots: int) -> int:
 
 
 class Graphs:
-    """The step's graphs over one set of slots, by key (module docstring)."""
+    """The step's graphs over one set of slots and one cache, by key (module docstring)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, slots: object, cache: object, weights: object) -> None:
         self.device = device
+        self._held = (slots, cache, weights)  # what every capture holds the tensors of
         self.cuda = device.type == "cuda"
         self.inputs: dict[Hashable, StepInputs] = {}
         self._runs: dict[Hashable, Callable[[], tuple]] = {}  # captured: replay → outputs
@@ -103,6 +104,12 @@ class Graphs:
 
     def __len__(self) -> int:
         return len(self._runs)
+
+    def holds(self, slots: object, cache: object, weights: object) -> bool:
+        """Whether these graphs were captured over `slots` and `cache` (the very objects:
+        new ones are new tensors, which no capture reads) and `weights` (a version)."""
+        s, c, w = self._held
+        return s is slots and c is cache and w == weights
 
     def buffers(self, key: Hashable, make: Callable[[], StepInputs]) -> StepInputs:
         """The step inputs of `key` (made the first time): fixed addresses per key."""

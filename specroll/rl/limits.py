@@ -105,7 +105,7 @@ def check_bounds(cfg: TrainConfig, model: ModelConfig, prompt: int) -> None:
     prompt + rollout.k draft positions + rollout.max_new_tokens <= the context window."""
     r, ctx = cfg.rollout, model.max_position_embeddings
     where = f"the policy's context window of {ctx} tokens"
-    k, name = r.depth_max, "rollout.k"
+    k, name = r.k_max, "rollout.k"
     if prompt + 2 > ctx:
         raise ValueError(
             f"{_data_field(cfg)}: prompts of up to {prompt} tokens (an upper bound) leave "

@@ -81,7 +81,7 @@ def _rollout_parts(cfg: TrainConfig, m: ModelConfig, prompt: int, dev: str) -> l
     wb = 2 if r.dtype == "bfloat16" else 4
     requests = max(d.prompts_per_step * d.group_size, d.val_size)
     slots = min(r.max_batch, requests)
-    k = r.depth_max if r.speculative else 0
+    k = r.k_max if r.speculative else 0
     length = min(m.max_position_embeddings, prompt + r.max_new_tokens + k)
     length = min(-(-length // 64) * 64, m.max_position_embeddings)
     engines = 2 if cfg.pipeline.shadow_every else 1

@@ -21,12 +21,10 @@ MAX_TOP_K = 1 << 24
 top-k of the vocabulary's size or more is off), and it must fit an int64 tensor."""
 DEPTHS = ("fixed", "adaptive")
 """`rollout.depth` values."""
-CHAIN_K = 7
-"""Draft tokens per chain and iteration when `rollout.k` is 0 (the most adaptive depth may
-choose; past a handful a position is rarely accepted)."""
-TREE_NODES = 32
-"""Candidate nodes per tree and iteration when `rollout.k` is 0 (adaptive: the largest of
-1, 2, 4, ... it may choose)."""
+DEFAULT_K = {False: 7, True: 32}
+"""The draft budget k when `rollout.k` is 0: draft tokens per chain (False: past a handful
+a position is rarely accepted) and candidate nodes per tree (True: adaptive depth
+chooses among 1, 2, 4, ... up to it); the most adaptive depth may choose."""
 MAX_K = {False: 64, True: 256}
 """Most draft tokens per chain (positions past a few dozen are almost never accepted, and
 each costs memory and a verification column) and nodes per tree (each a verified token per
@@ -129,12 +127,12 @@ class RolloutConfig:
         """The draft network's kind the drafter uses ('eagle3', 'mtp'), or None."""
         return registry.network_of(self.drafter)
 
-    def size(self, tree: bool) -> int:
-        """The most draft tokens per row and iteration of a chain (tree=False) or nodes of
-        a tree drafter (`k`, or that shape's default)."""
-        return self.k or (TREE_NODES if tree else CHAIN_K)
+    def k_max_for(self, tree: bool) -> int:
+        """The draft budget k of a chain (tree=False: draft tokens per row and iteration)
+        or a tree drafter (nodes): `k`, or that shape's default (`DEFAULT_K`)."""
+        return self.k or DEFAULT_K[tree]
 
     @property
-    def depth_max(self) -> int:
-        """The most draft tokens (chains) or nodes (trees) per row and iteration."""
-        return self.size(self.tree)
+    def k_max(self) -> int:
+        """The draft budget k of this run's drafter (`k_max_for`)."""
+        return self.k_max_for(self.tree)

@@ -65,7 +65,7 @@ def engine_with(
     `rollout_cfg` (adaptive: the cost profile of this machine for that drafter)."""
     depth = None
     if drafter is not None:
-        k = rollout_cfg.size(drafter.tree)
+        k = rollout_cfg.k_max_for(drafter.tree)
         if rollout_cfg.depth == "adaptive":
             cost = cached_profile(model, drafter, prompts, rollout_cfg.profile, log)
             depth = AdaptiveDepth(cost, k_max=k, tree=drafter.tree)

@@ -374,7 +374,7 @@ def from_modules(
     root = Path(tempfile.mkdtemp(prefix="specroll-vllm-"))
     save_model(policy, root / "policy")
     method, draft_dir = None, None
-    k = rollout_cfg.depth_max
+    k = rollout_cfg.k_max
     if suffix:
         method = "suffix"
     elif draft is not None:

@@ -268,12 +268,12 @@ def figures(rows: list[dict], summary: dict, cfg: TrainConfig) -> dict:
             ax2.set_ylabel("share of iterations that drafted (bars)")
         if cfg.rollout.depth == "adaptive":
             title = (
-                f"draft acceptance (adaptive depth, {_depth_name(cfg)} <= {cfg.rollout.depth_max}; "
+                f"draft acceptance (adaptive depth, {_depth_name(cfg)} <= {cfg.rollout.k_max}; "
                 f"deepest used {summary.get('deepest_draft', 0)})"
             )
         else:
             title = (
-                f"draft acceptance ({_depth_name(cfg)} = {cfg.rollout.depth_max} up to batch "
+                f"draft acceptance ({_depth_name(cfg)} = {cfg.rollout.k_max} up to batch "
                 f"{cfg.rollout.spec_max_batch})"
             )
         ax.set_title(title)
@@ -316,7 +316,7 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
         f"(rewards: {', '.join(cfg.reward.functions)}), {summary['steps']} steps of "
         f"{cfg.data.prompts_per_step} prompts x {cfg.data.group_size} samples, "
         f"speculative={cfg.rollout.speculative} (drafter {cfg.rollout.drafter}, "
-        f"{'nodes' if cfg.rollout.tree else 'k'} = {cfg.rollout.depth_max}, depth "
+        f"{'nodes' if cfg.rollout.tree else 'k'} = {cfg.rollout.k_max}, depth "
         f"{cfg.rollout.depth}); "
         + (
             f"rollouts on {cfg.ray.workers} Ray workers"
