@@ -50,16 +50,10 @@ class CaptureError(RuntimeError):
     """The captured function read a device value back on the host."""
 
 
-# how a recorded argument is found at replay: a value fn made (op index, output index),
-# a tensor from outside, or any other value as it was
+# how a recorded argument is found at replay: (op index, output index) for a value fn
+# made; a tensor from outside or any other value is kept as it was
 _Made = tuple[int, int]
-
-
-class _Outside:
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
+_FLAT = (list, tuple, dict)
 
 
 class _NoHostReads(TorchFunctionMode):
@@ -75,7 +69,9 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops: list[tuple[Any, Any, list, int]] = []  # (op, args spec, args, outputs)
+        # (op, args, kwargs, spec): args and kwargs with made values as `_Made`; spec is
+        # None when both are flat, else the pytree spec of their leaves (args)
+        self.ops: list[tuple[Any, list, dict, Any]] = []
         self.made: dict[int, _Made] = {}  # id(tensor) -> where a replay finds it
         self.alive: list[torch.Tensor] = []  # every tensor seen: no id is reused meanwhile
 
@@ -83,18 +79,21 @@ class _Recorder(TorchDispatchMode):
         if not isinstance(x, torch.Tensor):
             return x
         self.alive.append(x)
-        return self.made.get(id(x)) or _Outside(x)
+        return self.made.get(id(x), x)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in HOST_READS:
             raise CaptureError(f"{func} reads the device back inside a captured step")
         out = func(*args, **kwargs)
-        flat, spec = tree_flatten((args, kwargs))
-        refs = [self.ref(x) for x in flat]
-        outs, _ = tree_flatten(out)
         i = len(self.ops)
-        self.ops.append((func, spec, refs, len(outs)))
+        if any(isinstance(a, _FLAT) for a in (*args, *kwargs.values())):
+            flat, spec = tree_flatten((args, kwargs))
+            self.ops.append((func, [self.ref(x) for x in flat], {}, spec))
+        else:
+            kw = {k: self.ref(v) for k, v in kwargs.items()}
+            self.ops.append((func, [self.ref(x) for x in args], kw, None))
+        outs = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
         for j, t in enumerate(outs):
             if isinstance(t, torch.Tensor):
                 self.alive.append(t)
@@ -114,15 +113,15 @@ class Replay:
         self._out_refs = [rec.ref(x) for x in flat]
         # each made value is dropped after its last use, as a graph's pool reuses memory
         last: dict[_Made, int] = {}
-        for i, (_, _, refs, _) in enumerate(self.ops):
-            for r in refs:
+        for i, (_, args, kwargs, _) in enumerate(self.ops):
+            for r in (*args, *kwargs.values()):
                 if type(r) is tuple:
                     last[r] = i
-        self._drop = [[] for _ in self.ops]
-        for r, i in last.items():
-            self._drop[i].append(r)
         keep = {r for r in self._out_refs if type(r) is tuple}
-        self._drop = [[r for r in d if r not in keep] for d in self._drop]
+        self._drop: list[list[_Made]] = [[] for _ in self.ops]
+        for r, i in last.items():
+            if r not in keep:
+                self._drop[i].append(r)
 
     def outputs_tree(self) -> Any:
         """The captured function's outputs (as the capture's run left them)."""
@@ -130,18 +129,19 @@ class Replay:
 
     def __call__(self) -> Any:
         vals: dict[_Made, torch.Tensor] = {}
-
-        def get(r: Any) -> Any:
-            if type(r) is tuple:
-                return vals[r]
-            return r.tensor if type(r) is _Outside else r
-
-        for i, (func, spec, refs, _) in enumerate(self.ops):
-            args, kwargs = tree_unflatten([get(r) for r in refs], spec)
-            outs, _ = tree_flatten(func(*args, **kwargs))
-            for j, t in enumerate(outs):
-                if isinstance(t, torch.Tensor):
-                    vals[(i, j)] = t
+        for i, (func, args, kwargs, spec) in enumerate(self.ops):
+            a = [vals[r] if type(r) is tuple else r for r in args]
+            if spec is not None:
+                a, kw = tree_unflatten(a, spec)
+            else:
+                kw = {k: vals[r] if type(r) is tuple else r for k, r in kwargs.items()}
+            out = func(*a, **kw)
+            if isinstance(out, torch.Tensor):
+                vals[(i, 0)] = out
+            else:
+                for j, t in enumerate(tree_flatten(out)[0]):
+                    if isinstance(t, torch.Tensor):
+                        vals[(i, j)] = t
             for r in self._drop[i]:
                 vals.pop(r, None)
         for static, r in zip(self.outputs, self._out_refs, strict=True):
