@@ -60,11 +60,12 @@ def requests(seed: int) -> list[Request]:
     ]
 
 
-def digests(kind: str, seed: int, target=None) -> dict[str, str]:
-    """{"kind/seed/slots/onoff": digest of every request's tokens and finish reason}."""
+def digests(kind: str, seed: int, target=None, slots_of=SLOTS) -> dict[str, str]:
+    """{"kind/seed/slots/onoff": digest of every request's tokens and finish reason}
+    (`slots_of`: the slot counts run)."""
     target = model() if target is None else target
     out = {}
-    for slots in SLOTS:
+    for slots in slots_of:
         for onoff in (False, True) if kind != "plain" else (False,):
             d = drafters(target)[kind]()
             tree = d is not None and d.tree

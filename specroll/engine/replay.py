@@ -22,11 +22,11 @@ shapes such as `nonzero`) is an error, as it is inside a CUDA graph capture.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -56,12 +56,25 @@ _Made = tuple[int, int]
 _FLAT = (list, tuple, dict)
 
 
-class _NoHostReads(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in HOST_METHODS:
+@contextmanager
+def _no_host_reads() -> Iterator[None]:
+    """Tensor methods that hand a value to the host raise while fn is captured (patched
+    on the class for the capture's duration: a function mode would tax every call)."""
+
+    def refuse(name: str):
+        def method(*args, **kwargs):
             raise CaptureError(f"Tensor.{name}() reads the device back inside a captured step")
-        return func(*args, **(kwargs or {}))
+
+        return method
+
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_METHODS}
+    try:
+        for name in HOST_METHODS:
+            setattr(torch.Tensor, name, refuse(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
 
 
 class _Recorder(TorchDispatchMode):
@@ -86,15 +99,20 @@ class _Recorder(TorchDispatchMode):
         if func in HOST_READS:
             raise CaptureError(f"{func} reads the device back inside a captured step")
         out = func(*args, **kwargs)
-        i = len(self.ops)
-        if any(isinstance(a, _FLAT) for a in (*args, *kwargs.values())):
+        i, ref = len(self.ops), self.ref
+        if any(isinstance(a, _FLAT) for a in args) or any(
+            isinstance(a, _FLAT) for a in kwargs.values()
+        ):
             flat, spec = tree_flatten((args, kwargs))
-            self.ops.append((func, [self.ref(x) for x in flat], {}, spec))
+            self.ops.append((func, [ref(x) for x in flat], {}, spec))
         else:
-            kw = {k: self.ref(v) for k, v in kwargs.items()}
-            self.ops.append((func, [self.ref(x) for x in args], kw, None))
-        outs = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
-        for j, t in enumerate(outs):
+            kw = {k: ref(v) for k, v in kwargs.items()} if kwargs else kwargs
+            self.ops.append((func, [ref(x) for x in args], kw, None))
+        if isinstance(out, torch.Tensor):
+            self.alive.append(out)
+            self.made[id(out)] = (i, 0)
+            return out
+        for j, t in enumerate(tree_flatten(out)[0]):
             if isinstance(t, torch.Tensor):
                 self.alive.append(t)
                 self.made[id(t)] = (i, j)
@@ -154,6 +172,6 @@ def record(fn: Callable[[], Any]) -> Replay:
     """Run fn() once, recording it; → its `Replay` (module docstring). fn's own result
     of this run is what the replay refills; raises `CaptureError` on a host read."""
     rec = _Recorder()
-    with _NoHostReads(), rec:
+    with _no_host_reads(), rec:
         out = fn()
     return Replay(rec, out)
