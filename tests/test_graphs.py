@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from benchmarks.host_syncs import count, drafters, model, requests
+from benchmarks.same_tokens import OnOff
 from specroll.engine import graphs
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
@@ -101,19 +102,6 @@ def test_the_static_step_emits_the_engines_tokens(name, captured_on_cpu, eager_s
         assert 0 < stats.graphs <= graphs.MAX_GRAPHS
 
 
-class _OnOff(FixedDepth):
-    """k for three iterations, then 0 for three, ...: a draft's cache falls behind while
-    speculation is off (what the adaptive policy does at large batches)."""
-
-    def __init__(self, k: int) -> None:
-        super().__init__(k=k, max_batch=64)
-        self.calls = 0
-
-    def choose(self, B: int, ctx: float) -> int:
-        self.calls += 1
-        return 0 if (self.calls // 3) % 2 else self.k
-
-
 @pytest.mark.parametrize("name", ["draft_model", "eagle3", "mtp"])
 def test_a_lagging_draft_catches_up_before_the_static_step(name, captured_on_cpu, eager_shapes):
     """After plain iterations a draft lags more than a captured step feeds: it is fed
@@ -122,7 +110,7 @@ def test_a_lagging_draft_catches_up_before_the_static_step(name, captured_on_cpu
     outs = []
     for on in (False, True):
         config = EngineConfig(max_batch=5, seed=7, cuda_graphs=on)
-        eng = Engine(target, config, drafters(target)[name](), _OnOff(3))
+        eng = Engine(target, config, drafters(target)[name](), OnOff(3))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             outs.append(_outputs(eng.generate(reqs)))
@@ -273,7 +261,7 @@ def test_random_requests_give_the_same_tokens_on_the_static_step(
     outs = []
     for on in (False, True):
         drafter = drafters(target)[name]()
-        depth = _OnOff(k) if drafter is not None else None
+        depth = OnOff(k) if drafter is not None else None
         eng = Engine(
             target, EngineConfig(max_batch=max_batch, seed=trial, cuda_graphs=on), drafter, depth
         )
