@@ -41,13 +41,14 @@ class OnOff(FixedDepth):
         return 0 if (self.calls // 3) % 2 else self.k
 
 
-def requests(seed: int) -> list[Request]:
-    rnd = random.Random(seed)
+def random_requests(rnd: random.Random, n: int, prompt: int, budget: int) -> list[Request]:
+    """n requests drawn from `rnd`: prompts of 1..`prompt` ids, budgets of 1..`budget`
+    tokens, and random sampling settings, stop ids and draft caps."""
     return [
         Request(
-            [rnd.randrange(64) for _ in range(rnd.randint(1, 30))],
+            [rnd.randrange(64) for _ in range(rnd.randint(1, prompt))],
             SamplingParams(
-                max_new_tokens=rnd.randint(1, 40),
+                max_new_tokens=rnd.randint(1, budget),
                 temperature=rnd.choice([0.0, 0.7, 1.0, 1.3]),
                 top_k=rnd.choice([0, 0, 5]),
                 top_p=rnd.choice([1.0, 1.0, 0.8]),
@@ -56,8 +57,12 @@ def requests(seed: int) -> list[Request]:
                 max_draft=rnd.choice([None, None, 0, 1, 2]),
             ),
         )
-        for _ in range(12)
+        for _ in range(n)
     ]
+
+
+def requests(seed: int) -> list[Request]:
+    return random_requests(random.Random(seed), 12, 30, 40)
 
 
 def digests(kind: str, seed: int, target=None, slots_of=SLOTS) -> dict[str, str]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from benchmarks.host_syncs import count, drafters, model, requests
-from benchmarks.same_tokens import OnOff
+from benchmarks.same_tokens import OnOff, random_requests
 from specroll.engine import graphs
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
@@ -239,21 +239,7 @@ def test_random_requests_give_the_same_tokens_on_the_static_step(
     no pair of the proposal wrote, so the two paths draft from different leftovers.)"""
     rnd = random.Random(trial)
     name = rnd.choice(["plain", "ngram", "draft_model", "eagle3", "history", "combined"])
-    reqs = [
-        Request(
-            [rnd.randrange(64) for _ in range(rnd.randint(1, 40))],
-            SamplingParams(
-                max_new_tokens=rnd.randint(1, 60),
-                temperature=rnd.choice([0.0, 0.7, 1.0, 1.3]),
-                top_k=rnd.choice([0, 0, 5]),
-                top_p=rnd.choice([1.0, 1.0, 0.8]),
-                stop_token_ids=tuple(rnd.sample(range(64), rnd.choice([0, 1, 3]))),
-                seed=rnd.randrange(1000),
-                max_draft=rnd.choice([None, None, 0, 1, 2]),
-            ),
-        )
-        for _ in range(rnd.randint(1, 12))
-    ]
+    reqs = random_requests(rnd, rnd.randint(1, 12), 40, 60)
     max_batch = rnd.randint(1, 8)
     tree = name in ("history", "combined")
     k = rnd.choice([2, 4, 8, 16] if tree else [1, 2, 3, 5])

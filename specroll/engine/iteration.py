@@ -89,7 +89,8 @@ class Stepper:
             ctx = self.model.cfg.max_position_embeddings
             sampling = st.sampling(rows, span)
             ver = self._verify_chain(st, rows, out.logits, none, None, sampling)
-            read = self._accept(st, rows, span, ver, none, ctx).for_drafter([])
+            read = self._accept(st, rows, span, ver, none, ctx)
+            read = read.for_drafter([st.host.pos[b] for b in span])
             if self.drafter is not None:
                 t = time.perf_counter()
                 seqs = [p + read.entered(b) for b, p in enumerate(group)]
@@ -124,7 +125,7 @@ class Stepper:
             proposing = time.perf_counter() - t
             self.stats.draft_s += proposing
         t_proposed = time.perf_counter()
-        key = self._key(B, k, top, ctx, hints, prop, inside)
+        key = self._key(B, len(st.pos), k, top, ctx, hints, prop, inside)
         pos_before = st.pos[:B].clone()
         t, self._proposing = time.perf_counter(), 0.0
         if self.captured is None:
@@ -181,6 +182,7 @@ class Stepper:
     def _key(
         self,
         B: int,
+        slots: int,
         k: int,
         top: int,
         ctx: int,
@@ -188,8 +190,9 @@ class Stepper:
         prop: Proposal | None,
         inside: bool,
     ) -> StepKey:
-        """The step's host values: the iteration's own (eager), or with graphs the
-        batch's bucket, the key bucket's axis (`engine.graphs`) and the drafter's epoch."""
+        """The step's host values for B of `slots` rows: the iteration's own (eager), or
+        with graphs the batch's bucket, the key bucket's axis (`engine.graphs`) and the
+        drafter's epoch."""
         tree = prop is not None and prop.parents is not None
         shape = dict(
             probs=prop is not None and prop.probs is not None,
@@ -199,7 +202,7 @@ class Stepper:
         )
         if self.captured is None:
             return StepKey(B, k, top, ctx, hints, **shape)
-        Bb = graphs.bucket(B, len(self._st.pos))
+        Bb = graphs.bucket(B, slots)
         keys = graphs.key_bucket(top + k + 1, self.cache.max_len)
         # (a tree always takes lengths: it may be narrower than k)
         shape["lengths"] = shape["lengths"] or tree

@@ -83,7 +83,7 @@ class StepInputs:
             torch.zeros(1, **long),
             torch.zeros(n, k, **long),
             torch.zeros(n, k, V, dtype=torch.float32, device=device) if key.probs else None,
-            torch.zeros(n, **long) if key.lengths or key.tree else None,
+            torch.zeros(n, **long) if key.lengths else None,  # (set for a tree: `_key`)
             torch.zeros(n, k, **long) if key.tree else None,
         )
 
@@ -141,6 +141,10 @@ class StepOutputs:
         return torch.cat([p.flatten() for p in parts if p is not None])
 
 
+ROW_FIELDS = [f.name for f in fields(StepOutputs)].index("tokens")
+"""`StepOutputs`' fields of one value per row: those before `tokens`."""
+
+
 @dataclass
 class StepRead:
     """`StepOutputs` on the host, for the first B of its n rows (the live ones)."""
@@ -163,11 +167,12 @@ class StepRead:
     def unpack(cls, host: list[int], n: int, B: int, width: int) -> StepRead:
         """Decode `StepOutputs.pack` read back as `host`, for n rows of `width`
         candidates (K = width - 1 per-position fields when K > 0)."""
-        rows = [host[i * n : i * n + B] for i in range(6)]
-        at = 6 * n + n * width
+        R = ROW_FIELDS
+        rows = [host[i * n : i * n + B] for i in range(R)]
+        at = R * n + n * width
         K = width - 1
         per = [host[at : at + K], host[at + K : at + 2 * K], host[at + 2 * K :]]
-        return cls(*rows, host[6 * n : 6 * n + B * width], width, *(per if K else [[]] * 3))
+        return cls(*rows, host[R * n : R * n + B * width], width, *(per if K else [[]] * 3))
 
     def for_drafter(self, pos: list[int]) -> Emitted:
         """What a drafter learns of the iteration (rows at positions `pos` after it)."""
