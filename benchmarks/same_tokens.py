@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import random
+import sys
 import warnings
 
 from benchmarks.host_syncs import drafters, model
@@ -89,13 +90,16 @@ def digests(kind: str, seed: int, target=None, slots_of=SLOTS) -> dict[str, str]
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=6)
+    p.add_argument("--seeds", type=int, default=6, help="seeds 0..N-1 (N >= 1)")
     args = p.parse_args()
+    if args.seeds < 1:
+        p.error(f"--seeds must be at least 1, got {args.seeds}")
     target = model()
     out = {}
     for kind in KINDS:
         for seed in range(args.seeds):
             out.update(digests(kind, seed, target))
+        print(f"{kind}: {args.seeds} seeds", file=sys.stderr, flush=True)  # progress
     print(json.dumps(out, indent=0, sort_keys=True))
 
 
