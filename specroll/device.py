@@ -78,6 +78,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def copy_in(dst: torch.Tensor, values: torch.Tensor) -> None:
+    """Host values (a CPU tensor) into the device tensor `dst`, in place and without a
+    sync: from pinned memory, non-blocking (`upload`)."""
+    if dst.device.type == "cpu":
+        dst.copy_(values)
+    else:
+        dst.copy_(values.pin_memory(), non_blocking=True)
+
+
 def upload(values, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
     """Host values (a list, or a CPU tensor) as a tensor on `device`, without a sync.
 

@@ -204,7 +204,8 @@ def test_buckets_hold_the_batch_within_the_slots():
 
 
 def test_a_padding_row_keeps_its_slot_untouched(captured_on_cpu):
-    """A bucket's padding rows are free slots: after a step they hold what they held."""
+    """A bucket's padding rows are free slots: after a step they hold what they held, on
+    the device (its data) and on the host (its state)."""
     target = model()
     eng = _engine("eagle3", target, 4, 0, True)
     reqs = [
@@ -215,11 +216,13 @@ def test_a_padding_row_keeps_its_slot_untouched(captured_on_cpu):
     step = eng._step
 
     def spy(st, B, ctx):
-        before = [t[B:].clone() for t in st.tensors()]
+        before = [t[B:].clone() for t in st.data()]
+        host = [list(h[B:]) for h in st.host.lists()]
         out = step(st, B, ctx)
         if B < len(st.pos):  # a padded step: the rows past B are padding
-            after = [t[B:] for t in st.tensors()]
-            seen.append(all(torch.equal(a, b) for a, b in zip(after, before, strict=True)))
+            after = [t[B:] for t in st.data()]
+            same = all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+            seen.append(same and host == [list(h[B:]) for h in st.host.lists()])
         return out
 
     eng._step = spy

@@ -4,8 +4,9 @@
 collects finished rows and compacts the rest. What happens per forward lives here: the
 prefill of newly admitted rows, and the decoding (k = 0) or speculative (k >= 1) step:
 
-* prepare, on the host (`_step`): k from the depth policy within what the rows hold
-  (`HostRows`, the host's truth), a proposal built on the host (history, combined) or
+* prepare, on the host (`_step`): the rows' state copied to the device once
+  (`Slots.load`, from `HostRows`: the host's truth), k from the depth policy within
+  what the rows hold, a proposal built on the host (history, combined) or
   the drafter's host part of one made on the device (`Drafter.prepare`), the step's key;
 * run, on the device (`_run`, the one function captured with CUDA graphs): a proposal
   made on the device, the target forward, verification (a chain here, a tree in
@@ -29,7 +30,7 @@ from specroll.drafters.base import DraftBatch, Drafter, Proposal
 from specroll.engine import graphs, tree_step
 from specroll.engine.depth import DepthPolicy
 from specroll.engine.slots import Slots
-from specroll.engine.step import StepInputs, StepKey, StepRead
+from specroll.engine.step import Ran, StepInputs, StepKey, StepRead
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.spec import rng
@@ -84,7 +85,8 @@ class Stepper:
             )
             self.stats.target_s += time.perf_counter() - t
             span = range(start + i, start + j)
-            st.prompts(rows, span, tokens, lengths, [len(p) for p in group])
+            st.prompts(rows, span, tokens, group)
+            st.load()  # the new rows' state, for their first token
             none = torch.zeros(len(group), **long)
             ctx = self.model.cfg.max_position_embeddings
             sampling = st.sampling(rows, span)
@@ -106,6 +108,7 @@ class Stepper:
         Its wall time (draft, target forward, verification, drafter commit) goes back to
         the depth policy, which calibrates its cost model on it."""
         t_iter = time.perf_counter()
+        st.load()  # the step's one copy of the rows' state to the device
         rows = st.host
         top = max(rows.pos[:B])  # the deepest row's position: sizes, room, the key axis
         # the fp32 mean of the positions (what the cost model was fitted on), from the
@@ -126,24 +129,23 @@ class Stepper:
             self.stats.draft_s += proposing
         t_proposed = time.perf_counter()
         key = self._key(B, len(st.pos), k, top, ctx, hints, prop, inside)
-        pos_before = st.pos[:B].clone()
         t, self._proposing = time.perf_counter(), 0.0
         if self.captured is None:
-            packed, hidden, K1 = self._run(st, key, StepInputs.of(B, prop, self.device))
+            ran = self._run(st, key, StepInputs.of(B, prop, self.device))
         else:
             V = self.model.cfg.vocab_size
             buf = self.captured.buffers(key, lambda: StepInputs.new(key, V, self.device))
             buf.fill(B, prop)
-            packed, hidden, K1 = self.captured.run(key, lambda: self._run(st, key, buf))
-            hidden = {i: h[:B] for i, h in hidden.items()}
-        read = StepRead.unpack(packed.tolist(), key.n, B, K1)  # the iteration's one read
+            ran = self.captured.run(key, lambda: self._run(st, key, buf))
+        read = StepRead.unpack(ran.packed.tolist(), key.n, B, ran.width)  # the one read
         self.stats.draft_s += self._proposing
         self.stats.target_s += time.perf_counter() - t - self._proposing
         self._update(st, range(B), read, tree=key.tree)
         if self.drafter is not None:
             t = time.perf_counter()
-            num_new = st.pos[:B] - pos_before
-            self.drafter.commit(B, pos_before, num_new, hidden, read.for_drafter(rows.pos[:B]))
+            hidden = {i: h[:B] for i, h in ran.hidden.items()}
+            emitted = read.for_drafter(rows.pos[:B])
+            self.drafter.commit(B, st.pos[:B], ran.emitted[:B], hidden, emitted)
             self.stats.draft_s += time.perf_counter() - t
         if form is not None:  # what the form measured: its proposal, the rest of the iteration
             rest = time.perf_counter() - t_proposed
@@ -209,9 +211,7 @@ class Stepper:
         epoch = self.drafter.epoch if inside else -1  # its tensors' age
         return StepKey(Bb, k, keys - (k + 1), ctx, hints, **shape, padded=True, epoch=epoch)
 
-    def _run(
-        self, st: Slots, key: StepKey, buf: StepInputs
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
+    def _run(self, st: Slots, key: StepKey, buf: StepInputs) -> Ran:
         """The device step of `key`'s rows: the proposal when the drafter makes it here
         (`key.inside`), the target forward, verification (a chain, k = 0 plain, or a
         tree) and recording → (the packed `StepOutputs`, the drafter's hidden states,
@@ -275,10 +275,9 @@ class Stepper:
         ctx: int,
         sampling: RowSampling,
         live: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
+    ) -> Ran:
         """Rows 0..n-1 (`live`: those that are not padding; None: all): drafts [n, k],
-        their q [n, k, V] or None, their tree's parents [n, k] or None (a chain) →
-        (the packed `StepOutputs`, hidden states, K + 1)."""
+        their q [n, k, V] or None, their tree's parents [n, k] or None (a chain)."""
         rows = torch.arange(n, device=self.device)
         layers = self.drafter.hidden_layers if self.drafter else ()
         hits = None
@@ -301,7 +300,7 @@ class Stepper:
             ver = self._verify_chain(st, rows, out.logits, num_draft, (drafts, probs), sampling)
             nodes, hidden = num_draft, out.hidden
         outs = st.outputs(rows, ver, num_draft, ctx, nodes=nodes, hits=hits, live=live)
-        return outs.pack(), hidden, ver.tokens.shape[1]
+        return Ran(outs.pack(), outs.emitted, hidden, ver.tokens.shape[1])
 
     def _verify_chain(
         self,
@@ -352,7 +351,7 @@ class Stepper:
         """The host's half of `Slots.outputs`: the rows at slots `span` (`tree`: verified as
         trees) move on in the host's state and, for a decode/verify step (`observe`),
         the statistics and the depth policy learn of the iteration."""
-        st.host.advance(span, read.emitted, read.count, read.finish)
+        st.host.advance(span, read)
         if not observe:  # (prefill is not a speculation step)
             return
         B, K, total = len(span), read.width - 1, sum(read.count)

@@ -1,18 +1,28 @@
-"""The engine's per-row state on the device, slot-indexed tensors (row b = cache slot b),
-so that a decoding step is a handful of tensor ops whatever the batch size. The host's
-truth about the same rows is `host` (`engine.rows.HostRows`)."""
+"""The engine's rows on the device, slot-indexed tensors (row b = cache slot b), so that
+a decoding step is a handful of tensor ops whatever the batch size.
+
+Two kinds of tensor: each row's state (position, newest token, counts, seed, sampling
+settings, draft cap), derived from the host's truth (`host`: `engine.rows.HostRows`)
+and copied in once per step (`load`), which the step reads and never writes; and the
+data steps write (`DATA`: tokens, logprobs, history, counters) or that admission
+writes once (stop ids)."""
 
 from __future__ import annotations
 
 import torch
 
+from specroll.device import copy_in
 from specroll.engine.request import Request, Result, SamplingParams
-from specroll.engine.rows import CONTEXT, LENGTH, NONE, STOP, HostRows
+from specroll.engine.rows import CONTEXT, LENGTH, NONE, STATE, STATE_F, STOP, HostRows
 from specroll.engine.step import StepOutputs
 from specroll.spec.metrics import SpecStats
 from specroll.spec.sampling import Hints, RowSampling
 from specroll.spec.tree import TreeVerifyOutput
 from specroll.spec.verify import VerifyOutput
+
+DATA = ("stops", "tokens", "logprobs", "_history", "drafts", "draft_tokens", "accepted")
+DATA += ("accepted_pos", "drafted_pos")
+"""The slots' tensors that are data, not row state: written by steps, moved with a row."""
 
 
 class Slots:
@@ -37,15 +47,16 @@ class Slots:
         self.device = torch.device(device)
         long = dict(dtype=torch.long, device=device)
         flt = dict(dtype=torch.float32, device=device)
-        self.pos = torch.zeros(n, **long)  # tokens already in the cache
-        self.last = torch.zeros(n, **long)  # newest token, not yet in the cache
-        self.n_gen = torch.zeros(n, **long)
-        self.max_new = torch.zeros(n, **long)
-        self.seed = torch.zeros(n, **long)
-        self.temperature = torch.zeros(n, **flt)
-        self.top_k = torch.zeros(n, **long)
-        self.top_p = torch.ones(n, **flt)
-        self.max_draft = torch.full((n,), -1, **long)
+        # each row's state, derived from the host's (`host`) and copied in once per
+        # step (`load`): the step reads it and never writes it
+        self._state = torch.zeros(len(STATE), n, **long)  # [7, S]
+        self._state_f = torch.zeros(len(STATE_F), n, **flt)  # [2, S]
+        self.pos, self.last, self.n_gen, self.left, self.seed, self.top_k, self.max_draft = (
+            self._state.unbind(0)
+        )
+        """Tokens already in the cache; the newest token (not yet in it); tokens
+        generated; tokens it may still generate; its seed; its top-k; its draft cap."""
+        self.temperature, self.top_p = self._state_f.unbind(0)
         self.stops = torch.full((n, max(max_stops, 1)), -1, **long)
         # k_max + 1 columns of slack: an iteration writes its K + 1 candidate tokens with
         # a mask (kept ones only) instead of gathering the kept indices on the host
@@ -53,7 +64,6 @@ class Slots:
         self.logprobs = torch.zeros(n, max_gen + k_max + 1, **flt)
         self._history = torch.zeros(n, max_len + k_max + 2, **long)  # [S, L + slack]
         self.max_len = max_len
-        self.finish = torch.zeros(n, **long)  # NONE / STOP / LENGTH / CONTEXT
         self.drafts = torch.zeros(n, **long)  # per-request speculation counters
         self.draft_tokens = torch.zeros(n, **long)
         self.accepted = torch.zeros(n, **long)
@@ -81,13 +91,22 @@ class Slots:
         r - 1 drafts and the bonus token). `HostRows.caps` is the same on the host."""
         cap = self.max_draft[:n].clamp(max=k)
         cap = torch.where(cap < 0, k, cap)
-        return torch.minimum(cap, self.max_new[:n] - self.n_gen[:n] - 1)
+        return torch.minimum(cap, self.left[:n] - 1)
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+    def load(self) -> None:
+        """Copy the host's row state in (`HostRows.state`): a step's one host-to-device
+        copy, queued without a sync, before the step (or a prefill) reads it."""
+        ints, floats = self.host.state()
+        copy_in(self._state, torch.tensor(ints, dtype=torch.long, device="cpu"))
+        copy_in(self._state_f, torch.tensor(floats, dtype=torch.float32, device="cpu"))
+
+    def data(self) -> list[torch.Tensor]:
+        """What the device keeps of each row beside its state: its stop ids, tokens,
+        logprobs, history and speculation counters."""
+        return [v for k, v in vars(self).items() if isinstance(v, torch.Tensor) and k in DATA]
 
     def move(self, src: int, dst: int) -> None:
-        for t in self.tensors():
+        for t in self.data():
             t[dst] = t[src]
         self.host.move(src, dst)
 
@@ -95,17 +114,9 @@ class Slots:
         """Slot b starts request j (parameters p, its seed and stop ids)."""
         cap = -1 if p.max_draft is None else p.max_draft
         params = (float(p.temperature), int(p.top_k), float(p.top_p))
-        self.host.admit(b, j, params, p.max_new_tokens, cap)
-        self.n_gen[b] = 0
-        self.finish[b] = NONE
+        self.host.admit(b, j, params, p.max_new_tokens, cap, seed)
         self.drafts[b] = self.draft_tokens[b] = self.accepted[b] = 0
         self.accepted_pos[b] = self.drafted_pos[b] = 0
-        self.max_new[b] = p.max_new_tokens
-        self.seed[b] = seed
-        self.temperature[b] = p.temperature
-        self.top_k[b] = p.top_k
-        self.top_p[b] = p.top_p
-        self.max_draft[b] = cap
         self.stops[b] = -1
         if stops:
             self.stops[b, : len(stops)] = torch.tensor(stops, dtype=torch.long, device=self.device)
@@ -115,18 +126,14 @@ class Slots:
         rows: torch.Tensor,
         span: range,
         tokens: torch.Tensor,
-        lengths: torch.Tensor,
-        host_lengths: list[int],
+        prompts: list[list[int]],
     ) -> None:
-        """Prefilled rows: tokens [n, width] the padded prompts of `rows` (slots on the
-        device; `span`: the same on the host), lengths [n] their lengths (`host_lengths`
-        on the host). Each prompt's last token is the row's `last` (scored, entering the
-        cache at its position)."""
+        """Prefilled rows: tokens [n, width] the padded `prompts` of `rows` (slots on the
+        device; `span`: the same on the host). Each prompt's last token is the row's
+        `last` (scored, entering the cache at its position)."""
         self.history[rows, : tokens.shape[1]] = tokens
-        self.pos[rows] = lengths - 1
-        for b, n in zip(span, host_lengths, strict=True):
-            self.host.pos[b] = n - 1
-        self.last[rows] = tokens[torch.arange(len(span), device=self.device), lengths - 1]
+        for b, ids in zip(span, prompts, strict=True):
+            self.host.prompt(b, ids)
 
     def cut(
         self, rows: torch.Tensor, tokens: torch.Tensor, emitted: torch.Tensor, ctx: int
@@ -141,7 +148,7 @@ class Slots:
             col < emitted.unsqueeze(1)
         )
         stop_at = torch.where(is_stop.any(1), is_stop.float().argmax(1) + 1, K1 + 1)
-        budget = self.max_new[rows] - self.n_gen[rows]
+        budget = self.left[rows]
         room = ctx - 1 - self.pos[rows]  # tokens the context window still holds
         count = torch.minimum(torch.minimum(emitted, stop_at), torch.minimum(budget, room))
         finish = torch.where(
@@ -157,17 +164,13 @@ class Slots:
         idx: torch.Tensor,
         tokens: torch.Tensor,
         logprobs: torch.Tensor,
-        emitted: torch.Tensor,
         count: torch.Tensor,
-        finish: torch.Tensor,
-        live: torch.Tensor | None = None,
     ) -> None:
         """An iteration's verified tokens for `rows` ([n] slots): the first count[b] of
         row b's K + 1 candidates (tokens, logprobs: [n, K+1], at output indices idx
-        [n, K+1]) are kept, written with a mask into the slack columns; its cache position
-        advances by emitted[b] (the tokens that entered the cache), its finish code
-        becomes finish[b]. `live` [n]: the rows that are not a captured step's padding
-        (None: all); a padding row emits nothing and keeps its `last`."""
+        [n, K+1]) are kept, written with a mask into the slack columns, and into the
+        history after the row's position. (Its position, `last` and counts move on in
+        the host's state, from the step's read: `HostRows.advance`.)"""
         col = torch.arange(tokens.shape[1], device=self.device)
         keep = col < count.unsqueeze(1)  # [n, K+1]
         r2 = rows.unsqueeze(1)  # [n, 1]
@@ -175,14 +178,6 @@ class Slots:
         self.tokens[r2, idx] = torch.where(keep, tokens, self.tokens[r2, idx])
         self.logprobs[r2, idx] = torch.where(keep, logprobs, self.logprobs[r2, idx])
         self._history[r2, hpos] = torch.where(keep, tokens, self._history[r2, hpos])
-        at = emitted - 1 if live is None else (emitted - 1).clamp(min=0)  # [n]
-        last = tokens.gather(1, at.unsqueeze(1)).squeeze(1)  # [n]
-        if live is not None:
-            last = torch.where(live, last, self.last[rows])
-        self.last[rows] = last
-        self.pos[rows] += emitted
-        self.n_gen[rows] += count
-        self.finish[rows] = finish
 
     def outputs(
         self,
@@ -200,12 +195,13 @@ class Slots:
         or tree), num_draft [n] the positions each row drafted, nodes [n] the candidates
         it verified (a tree's may exceed num_draft; None: none), hits [k] per tree node
         the rows whose accepted path went through it (what the depth policy learns from a
-        tree), live [n] the rows that are not padding (None: all). Every row advances its
-        cache position by the tokens that entered the cache (`last` + accepted drafts).
+        tree), live [n] the rows that are not padding (None: all).
 
         Returns what the host needs to learn of the iteration, which it reads back once
         (`StepOutputs.pack`): on a GPU, the one stall of an iteration (`engine.syncs`),
-        and all that drafters working on the host (history) learn of it.
+        and all that the host's rows (`HostRows.advance`: each advances its cache
+        position by the tokens that entered the cache) and drafters working on the host
+        (history) learn of it.
         """
         n, K1 = ver.tokens.shape
         long = dict(dtype=torch.long, device=self.device)
@@ -217,8 +213,8 @@ class Slots:
         count, finish = self.cut(rows, out, emitted, ctx)
         if live is not None:
             count = torch.where(live, count, 0)
-            finish = torch.where(live, finish, self.finish[rows])
-        self.record(rows, idx, out, ver.logprobs, emitted, count, finish, live)
+            finish = torch.where(live, finish, NONE)
+        self.record(rows, idx, out, ver.logprobs, count)
         drafted = self.count_drafts(rows, num_draft, ver.num_accepted, ver.accepted)
         nodes = torch.zeros_like(num_draft) if nodes is None else nodes
         outs = StepOutputs(emitted, count, finish, num_draft, ver.num_accepted, nodes, out)
@@ -252,7 +248,7 @@ class Slots:
         self, b: int, req: Request, seed: int, reason: str, versions: tuple[int, int | None]
     ) -> Result:
         """The finished request in slot b; versions: (policy, draft) it generated with."""
-        n, j, k = int(self.n_gen[b]), self.host.request[b], self.k_max
+        n, j, k = self.host.gen[b], self.host.request[b], self.k_max
         return Result(
             request_id=j if req.request_id is None else req.request_id,
             prompt_ids=list(req.prompt_ids),

@@ -17,6 +17,7 @@ per iteration and decodes with `StepRead.unpack`: the only place that knows the 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import torch
 
@@ -139,6 +140,19 @@ class StepOutputs:
         tensor the host reads."""
         parts = [getattr(self, f.name) for f in fields(self)]
         return torch.cat([p.flatten() for p in parts if p is not None])
+
+
+class Ran(NamedTuple):
+    """What the device function returns (the same tensors every replay when captured)."""
+
+    packed: torch.Tensor
+    """`StepOutputs.pack`: the one tensor the host reads."""
+    emitted: torch.Tensor
+    """[n] `StepOutputs.emitted`, left on the device for the drafter's commit."""
+    hidden: dict[int, torch.Tensor]
+    """The drafter's hidden states of the target forward (`Drafter.hidden_layers`)."""
+    width: int
+    """K + 1: the candidates per row."""
 
 
 ROW_FIELDS = [f.name for f in fields(StepOutputs)].index("tokens")
