@@ -18,6 +18,7 @@ from collections import Counter
 
 import torch
 
+from specroll import device
 from specroll.drafters.combined import CombinedDrafter
 from specroll.drafters.draft_model import DraftModelDrafter
 from specroll.drafters.eagle3 import Eagle3Drafter
@@ -26,7 +27,6 @@ from specroll.drafters.mtp import MTPDrafter
 from specroll.drafters.ngram import NgramDrafter
 from specroll.drafting.eagle3_head import Eagle3Config, Eagle3Head
 from specroll.drafting.mtp_heads import MTPConfig, MTPDraft
-from specroll.engine import tree_step
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
 from specroll.engine.request import Request, SamplingParams
@@ -122,11 +122,11 @@ def main() -> None:
     ap.add_argument(
         "--masked-walk",
         action="store_true",
-        help="walk trees as on an accelerator (tree_step.HOST_PACED empty): no host pacing",
+        help="walk trees as on an accelerator (device.HOST_PACED empty): no host pacing",
     )
     args = ap.parse_args()
     if args.masked_walk:
-        tree_step.HOST_PACED = ()
+        device.HOST_PACED = ()
     torch.manual_seed(0)
     target = model()
     out = {}

@@ -78,6 +78,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+HOST_PACED = ("cpu",)
+"""Device types whose tree walk is paced by the host (`engine.tree_step`): reading back
+costs nothing there, so the LM head runs over the accepted path only, and a drafter may
+read its candidates back to build its tree on the host (`drafters.combined`)."""
+
+
+def host_paced(device: torch.device | str) -> bool:
+    """Whether `device` is one whose work the host may pace by reading back (`HOST_PACED`)."""
+    return torch.device(device).type in HOST_PACED
+
+
 def copy_in(dst: torch.Tensor, values: torch.Tensor) -> None:
     """Host values (a CPU tensor) into the device tensor `dst`, in place and without a
     sync: from pinned memory, non-blocking (`upload`)."""

@@ -16,6 +16,7 @@ import torch
 
 from benchmarks.host_syncs import count, drafters, model, requests
 from benchmarks.same_tokens import OnOff, random_requests
+from specroll import device
 from specroll.engine import graphs
 from specroll.engine.depth import FixedDepth
 from specroll.engine.engine import Engine, EngineConfig
@@ -277,3 +278,27 @@ def test_a_capture_that_fails_leaves_its_step_eager(captured_on_cpu, eager_shape
     assert got == want
     assert eng.stats.graphs == 0 and eng.stats.graph_failures > 0
     assert "not permitted" in next(iter(eng.captured.failed.values()))
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_the_tree_chosen_on_the_device_gives_the_same_tokens_captured(
+    trial, captured_on_cpu, monkeypatch
+):
+    """The combined drafter's merged tree chosen on the device (trees walked masked, as on
+    an accelerator), through the captured step over padded buckets, what it chose riding
+    back on the one read: the tokens, finish reasons and drafts of the host's choice."""
+    rnd = random.Random(100 + trial)
+    reqs = random_requests(rnd, rnd.randint(4, 12), 40, 60)
+    max_batch, k = rnd.randint(2, 8), rnd.choice([4, 8, 16])
+    target = model()
+    outs = []
+    for masked in (False, True):
+        monkeypatch.setattr(device, "HOST_PACED", () if masked else ("cpu",))
+        depth = OnOff(k)
+        config = EngineConfig(max_batch=max_batch, seed=trial, cuda_graphs=masked)
+        eng = Engine(target, config, drafters(target)["combined"](), depth)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = eng.generate(reqs)
+        outs.append([(r.token_ids, r.finish_reason, r.spec.accepted_tokens) for r in res])
+    assert outs[0] == outs[1], (max_batch, k)

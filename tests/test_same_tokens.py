@@ -47,3 +47,13 @@ def test_every_drafter_emits_the_tokens_it_emitted_before(kind, target):
 def test_every_drafter_emits_the_tokens_it_emitted_before_over_more_seeds(kind, target):
     _check(kind, range(1, SEEDS), target)
     _check(kind, range(1), target, (1, 5))
+
+
+@pytest.mark.parametrize("kind", ["history", "combined"])
+def test_trees_walked_as_on_an_accelerator_emit_the_same_tokens(kind, target, monkeypatch):
+    """Masked walks, and the combined drafter's tree chosen on the device
+    (`drafters.merged_tree`): the tokens the host-paced walk emitted."""
+    from specroll import device
+
+    monkeypatch.setattr(device, "HOST_PACED", ())
+    _check(kind, range(1), target, (3, 8))

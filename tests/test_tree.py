@@ -175,9 +175,9 @@ def test_the_masked_walk_in_the_engine_gives_plain_decodings_tokens(target, monk
     """The engine's tree step as an accelerator runs it (one LM head over every node, the
     masked walk to the node budget, no read-back in the walk), here on the CPU: plain
     decoding's tokens for every request, as the host-paced walk gives them."""
-    from specroll.engine import tree_step
+    from specroll import device
 
-    monkeypatch.setattr(tree_step, "HOST_PACED", ())
+    monkeypatch.setattr(device, "HOST_PACED", ())
     engine = Engine(target, EngineConfig(max_batch=N_DET), RandomTree(1), FixedDepth(16))
     _assert_plain_tokens(target, engine, _requests(*SETTINGS[3], N_DET, 16), monkeypatch)
     assert engine.stats.accepted_tokens > N_DET // 2

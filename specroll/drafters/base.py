@@ -30,9 +30,10 @@ Per generate() call the engine calls, in order:
   report() -> FormReport | None        after a commit that followed a proposal: what a
                                        drafter with `forms` measured of it
 
-Host reads: the engine reads the device back once per iteration, after it (`Emitted`),
-and hands drafters what the host knows (`DraftBatch.pos_host`, `.caps`, `Emitted`), so
-that a drafter needs no read of its own: on a GPU each read is a stall of the stream
+Host reads: the engine reads the device back once per iteration, after it (`Emitted`,
+with whatever the proposal asked back: `Proposal.echo`), and hands drafters what the
+host knows (`DraftBatch.pos_host`, `.caps`, `Emitted`), so that a drafter needs no read
+of its own: on a GPU each read is a stall of the stream
 (`engine.syncs`). A drafter that builds tensors from host lists copies them in with
 `device.upload` (pinned, non-blocking).
 
@@ -126,6 +127,8 @@ class Emitted:
     tokens: list[int]
     """Each row's `width` verified candidates, flat: row b's are [b * width, ...)."""
     width: int
+    echo: list[list[int]] | None = None
+    """Each row's `Proposal.echo`, as the step's read brought it (None: none)."""
 
     def entered(self, b: int) -> list[int]:
         """Row b's tokens that entered the cache this iteration."""
@@ -169,6 +172,10 @@ class Proposal:
     the row's `last` token and j is proposed token j - 1 (parents come first: parents[b,
     j] <= j); deterministic candidates only (`probs` None), verified by `spec.tree`.
     None = a chain."""
+    echo: torch.Tensor | None = None
+    """[B, X] (long) what the drafter wants back of its proposal, read with the step's
+    outputs (`Emitted.echo`): what it made on the device and learns from after the
+    step, without a read of its own. None: nothing."""
 
 
 class Drafter:

@@ -35,6 +35,11 @@ per row from running statistics — a row whose history matches well gets histor
 continuations, a row without matches the draft's, rows in between a mix — and the one
 controller picks the rest.
 
+Where the host paces the device (a CPU) the merged tree is chosen on the host, after
+one read of the network's candidates; elsewhere on the device (`drafters.merged_tree`,
+the same tree), so that the iteration reads the device back once, and what was chosen
+comes back with the step's read (`Proposal.echo`) for the calibration.
+
 The tree is verified by `spec.tree`: any deterministic candidates are lossless, so the
 mix never changes what a row samples.
 """
@@ -43,8 +48,10 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
+from specroll.device import host_paced, upload
 from specroll.drafters.base import DraftBatch, Drafter, Emitted, FormReport, Proposal, RowState
 from specroll.drafters.candidate_tree import (
     Node,
@@ -56,6 +63,7 @@ from specroll.drafters.candidate_tree import (
 )
 from specroll.drafters.feature import FeatureDrafter
 from specroll.drafters.history import MAX_DEPTH, HistoryDrafter
+from specroll.drafters.merged_tree import merged_tree
 
 SOURCES = ("history", "draft")
 """Calibration keys: the history drafter, the draft network."""
@@ -88,6 +96,7 @@ class CombinedDrafter(Drafter):
         self._proposed: list[dict[Node, dict[str, float]] | None] = []
         self._report: FormReport | None = None  # what this iteration's proposal measured
         self._fresh = False  # proposed this iteration (commit learns only then)
+        self._echoed: tuple | None = None
 
     @property
     def version(self) -> int:
@@ -143,6 +152,11 @@ class CombinedDrafter(Drafter):
 
     def commit(self, B, pos_before, num_new, hidden, read) -> None:
         if self._fresh:  # a plain iteration (no proposal) says nothing of the last one's
+            if self._echoed is not None:  # a tree chosen on the device: what it was
+                echo = read.echo
+                if echo is None:  # (run outside the engine: `engine.walk`)
+                    echo = self._echoed[3].tolist()
+                self._chosen(B, echo)
             self._learn(B, read)
         else:
             self._report = None
@@ -170,6 +184,7 @@ class CombinedDrafter(Drafter):
         if batch.form not in (None, *self.forms):
             raise ValueError(f"form must be one of {self.forms}, got {batch.form!r}")
         self._report, self._fresh = FormReport(), True
+        self._echoed = None  # (a tree chosen on the device: what `_chosen` decodes)
         if batch.form == "chain":
             return self._chain(batch)
         return self._tree(batch, network=batch.form != "history")
@@ -183,49 +198,62 @@ class CombinedDrafter(Drafter):
 
     def _tree(self, batch: DraftBatch, network: bool) -> Proposal:
         """The merged tree of batch.k nodes per row (module docstring); `network`: with
-        the draft network's candidates."""
+        the draft network's candidates. Where the host paces the device (a CPU) the tree
+        is chosen on the host; elsewhere on the device (`drafters.merged_tree`), so that
+        the iteration reads the device back once."""
         B, k = batch.last.shape[0], batch.k
         self.history.sync(B)
         caps = batch.caps if batch.caps is not None else batch.num_draft.tolist()
         depth = min(DRAFT_DEPTH, k, max(caps, default=0))
         self._report.room = depth > 0
-        both, launched = None, 0.0
         net = depth > 0 and network
-        if net:  # the network's candidates, queued on the device: read after history's
-            now = time.perf_counter()
-            self._feed_network(batch)
-            toks, probs = self.draft.candidates(batch, depth, min(DRAFT_WIDTH, k))  # [B, d, w]
-            both = torch.stack([toks.double(), probs.double()])  # [2, B, d, w]
-            launched = time.perf_counter() - now
+        self._proposed[:B] = [None] * B
+        if not net:
+            return self._on_host(batch, self._history_part(caps, MAX_DEPTH), None)
+        now = time.perf_counter()
+        self._feed_network(batch)
+        toks, probs = self.draft.candidates(batch, depth, min(DRAFT_WIDTH, k))  # [B, d, w]
         # history's part on the host meanwhile (on a GPU it overlaps the network's forwards)
-        ests: list[dict[Node, dict[str, float]] | None] = [None] * B
-        for b in range(B):
-            self._proposed[b] = None
-            cap = min(caps[b], max(MAX_DEPTH, depth) if net else MAX_DEPTH)
+        ests = self._history_part(caps, max(MAX_DEPTH, depth))
+        if not host_paced(batch.last.device):
+            self._report.network = time.perf_counter() - now
+            return self._on_device(batch, ests, toks, probs.double())
+        # one read of both (float64 holds every id and fp32 probability exactly): the
+        # tree is chosen on the host, so its form reads twice per iteration
+        both = torch.stack([toks.double(), probs.double()]).tolist()  # [2, B, d, w]
+        drafted = ([[[int(t) for t in d] for d in row] for row in both[0]], both[1])
+        self._report.network = time.perf_counter() - now
+        return self._on_host(batch, ests, drafted)
+
+    def _history_part(self, caps: list[int], deepest: int) -> list[tuple[dict, int] | None]:
+        """Per row: history's estimates (`add_trie`) down to its cap (the row's own, at
+        most `deepest`), with that cap; None for a row that may not draft."""
+        parts: list[tuple[dict, int] | None] = []
+        for b, cap in enumerate(caps):
+            cap = min(cap, deepest)
             if cap <= 0:
+                parts.append(None)
                 continue
             est: dict[Node, dict[str, float]] = {}
             root, total = self.history.continuations(b)
             if total > 0:
                 add_trie(est, root, total, (), cap)
-            ests[b] = est
-        drafted = None
-        if both is not None:
-            # one read of both (float64 holds every id and fp32 probability exactly): the
-            # merged tree is built on the host, so its form reads twice per iteration
-            now = time.perf_counter()
-            host = both.tolist()
-            drafted = ([[[int(t) for t in d] for d in row] for row in host[0]], host[1])
-            self._report.network = launched + time.perf_counter() - now
+            parts.append((est, cap))
+        return parts
+
+    def _on_host(self, batch: DraftBatch, ests: list, drafted: tuple | None) -> Proposal:
+        """The tree chosen on the host, from history's estimates and the network's
+        candidates as read back (`drafted`: tokens and q per row, None: none)."""
+        B, k = len(ests), batch.k
         c = {s: self.calibration(s) for s in SOURCES}
         tokens = [[0] * k for _ in range(B)]
         parents = [list(range(k)) for _ in range(B)]
         lengths = [0] * B
-        for b, est in enumerate(ests):
-            if est is None:
+        for b, part in enumerate(ests):
+            if part is None:
                 continue
+            est, cap = part
             if drafted is not None:
-                cap = min(caps[b], max(MAX_DEPTH, depth))
                 add_path(est, drafted[0][b], drafted[1][b], cap)
             chosen = best_first(est, c, k)
             n = len(chosen)
@@ -233,6 +261,57 @@ class CombinedDrafter(Drafter):
             lengths[b] = n
             self._proposed[b] = {node: est[node] for node in chosen}
         return proposal(tokens, parents, lengths, batch.last.device)
+
+    def _on_device(
+        self, batch: DraftBatch, ests: list, toks: torch.Tensor, q: torch.Tensor
+    ) -> Proposal:
+        """The tree chosen on the device (`merged_tree`) from history's nodes, sent in,
+        and the network's candidates toks, q [B, d, w], never read back before the step:
+        what the choice was comes back with the step's read (`Proposal.echo`), for
+        `_learn`."""
+        dev, k = batch.last.device, batch.k
+        nodes = [[] if part is None else list(part[0]) for part in ests]
+        H = max(1, *map(len, nodes))
+        D = max([1, *(len(n) for row in nodes for n in row)])
+        paths = [[[*n, *[-1] * (D - len(n))] for n in row] for row in nodes]
+        paths = [row + [[-1] * D] * (H - len(row)) for row in paths]
+        index = [{n: i for i, n in enumerate(row)} for row in nodes]
+        parent = [[index[b].get(n[:-1], -1) for n in row] for b, row in enumerate(nodes)]
+        est = [[part[0][n]["history"] for n in part[0]] if part else [] for part in ests]
+        c = (self.calibration("history"), self.calibration("draft"))
+        tokens, parents, lengths, chosen = merged_tree(
+            upload(paths, dev),
+            upload([p + [-1] * (H - len(p)) for p in parent], dev),
+            upload([e + [0.0] * (H - len(e)) for e in est], dev, torch.float64),
+            toks,
+            q,
+            upload([0 if part is None else part[1] for part in ests], dev),
+            *c,
+            k,
+        )
+        echo = torch.cat([chosen, toks.flatten(1), q.flatten(1).view(torch.long)], 1)
+        self._echoed = (nodes, ests, toks.shape[1:], echo)
+        return Proposal(tokens, None, lengths, parents, echo=echo)
+
+    def _chosen(self, B: int, echo: list[list[int]]) -> None:
+        """`_proposed` of a tree chosen on the device, from what the step's read brought
+        back of it (`_on_device`): the nodes and both sources' estimates, as `_on_host`
+        keeps them."""
+        nodes, ests, (d, w), _ = self._echoed
+        H = max(1, *map(len, nodes))
+        for b, part in enumerate(ests[:B]):
+            if part is None:
+                continue
+            est, cap = part
+            row = echo[b]
+            chosen, toks = row[: -2 * d * w], row[-2 * d * w : -d * w]
+            q = np.array(row[-d * w :], dtype=np.int64).view(np.float64).tolist()
+            toks = [toks[i * w : (i + 1) * w] for i in range(d)]
+            add_path(est, toks, [q[i * w : (i + 1) * w] for i in range(d)], cap)
+            greedy = [t[0] for t in toks]
+            names = [*nodes[b], *[None] * (H - len(nodes[b]))]
+            names += [(*greedy[:i], toks[i][j]) for i in range(d) for j in range(w)]
+            self._proposed[b] = {names[u]: est[names[u]] for u in chosen if u >= 0}
 
     def _learn(self, B: int, read: Emitted) -> None:
         """Calibrate each source on the candidates the walk reached this iteration: the

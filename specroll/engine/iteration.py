@@ -30,7 +30,7 @@ from specroll.drafters.base import DraftBatch, Drafter, Proposal
 from specroll.engine import graphs, tree_step
 from specroll.engine.depth import DepthPolicy
 from specroll.engine.slots import Slots
-from specroll.engine.step import Ran, StepInputs, StepKey, StepRead
+from specroll.engine.step import Ran, StepInputs, StepKey, StepOutputs, StepRead
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.spec import rng
@@ -137,7 +137,7 @@ class Stepper:
             buf = self.captured.buffers(key, lambda: StepInputs.new(key, V, self.device))
             buf.fill(B, prop)
             ran = self.captured.run(key, lambda: self._run(st, key, buf))
-        read = StepRead.unpack(ran.packed.tolist(), key.n, B, ran.width)  # the one read
+        read = StepRead.unpack(ran.packed.tolist(), key.n, B, ran.width, key.echo)  # one read
         self.stats.draft_s += self._proposing
         self.stats.target_s += time.perf_counter() - t - self._proposing
         self._update(st, range(B), read, tree=key.tree)
@@ -201,6 +201,7 @@ class Stepper:
             lengths=prop is not None and prop.lengths is not None,
             tree=tree,
             inside=inside,
+            echo=0 if prop is None or prop.echo is None else prop.echo.shape[1],
         )
         if self.captured is None:
             return StepKey(B, k, top, ctx, hints, **shape)
@@ -239,7 +240,9 @@ class Stepper:
             if prop.lengths is not None:  # (a chain's usable drafts: n-gram matches)
                 nd = torch.minimum(nd, prop.lengths)
         args = (drafts, probs, buf.parents, buf.lengths, nd, key.max_start, key.ctx, sampling)
-        return self._device_step(st, n, *args, live=live)
+        outs, hidden = self._device_step(st, n, *args, live=live)
+        outs.echo = buf.echo  # (what the drafter asked back rides on the one read)
+        return Ran(outs.pack(), outs.emitted, hidden, outs.tokens.shape[1])
 
     def _inside(
         self,
@@ -275,9 +278,10 @@ class Stepper:
         ctx: int,
         sampling: RowSampling,
         live: torch.Tensor | None = None,
-    ) -> Ran:
+    ) -> tuple[StepOutputs, dict[int, torch.Tensor]]:
         """Rows 0..n-1 (`live`: those that are not padding; None: all): drafts [n, k],
-        their q [n, k, V] or None, their tree's parents [n, k] or None (a chain)."""
+        their q [n, k, V] or None, their tree's parents [n, k] or None (a chain) →
+        (their `StepOutputs`, the drafter's hidden states)."""
         rows = torch.arange(n, device=self.device)
         layers = self.drafter.hidden_layers if self.drafter else ()
         hits = None
@@ -300,7 +304,7 @@ class Stepper:
             ver = self._verify_chain(st, rows, out.logits, num_draft, (drafts, probs), sampling)
             nodes, hidden = num_draft, out.hidden
         outs = st.outputs(rows, ver, num_draft, ctx, nodes=nodes, hits=hits, live=live)
-        return Ran(outs.pack(), outs.emitted, hidden, ver.tokens.shape[1])
+        return outs, hidden
 
     def _verify_chain(
         self,

@@ -51,6 +51,8 @@ class StepKey:
     """Rows past `StepInputs.n_live` are padding (a captured step's bucket)."""
     epoch: int = -1
     """With `inside`: the age of the drafter's tensors (a new set makes a new key)."""
+    echo: int = 0
+    """Columns of the proposal's `echo` per row (0: none)."""
 
 
 @dataclass
@@ -67,13 +69,15 @@ class StepInputs:
     """[n] usable drafts (a tree's: nodes) per row, or None: all k."""
     parents: torch.Tensor | None
     """[n, k] a tree's parents (`Proposal.parents`), or None: a chain."""
+    echo: torch.Tensor | None = None
+    """[n, X] what the drafter asked back of its proposal (`Proposal.echo`), or None."""
 
     @classmethod
     def of(cls, B: int, prop, device: torch.device) -> StepInputs:
         """An eager step's inputs: the proposal's own tensors (None: none)."""
         if prop is None:
             return cls(None, torch.zeros(B, 0, dtype=torch.long, device=device), None, None, None)
-        return cls(None, prop.tokens, prop.probs, prop.lengths, prop.parents)
+        return cls(None, prop.tokens, prop.probs, prop.lengths, prop.parents, prop.echo)
 
     @classmethod
     def new(cls, key: StepKey, V: int, device: torch.device) -> StepInputs:
@@ -86,6 +90,7 @@ class StepInputs:
             torch.zeros(n, k, V, dtype=torch.float32, device=device) if key.probs else None,
             torch.zeros(n, **long) if key.lengths else None,  # (set for a tree: `_key`)
             torch.zeros(n, k, **long) if key.tree else None,
+            torch.zeros(n, key.echo, **long) if key.echo else None,
         )
 
     def fill(self, B: int, prop) -> None:
@@ -103,6 +108,8 @@ class StepInputs:
             self.probs[:B].copy_(prop.probs)
         if prop.parents is not None:
             self.parents[:B, :w].copy_(prop.parents)
+        if prop.echo is not None:
+            self.echo[:B].copy_(prop.echo)
         if prop.lengths is not None:
             self.lengths[:B].copy_(prop.lengths)
         elif self.lengths is not None:
@@ -127,6 +134,8 @@ class StepOutputs:
     """[n] tree nodes each row had verified (0 for a chain)."""
     tokens: torch.Tensor
     """[n, K+1] each row's verified candidates."""
+    echo: torch.Tensor | None = None
+    """[n, X] the proposal's `echo` (None: none), handed back to the drafter."""
     accepted_at: torch.Tensor | None = None
     """[K] rows whose draft at position i was accepted (None: K = 0)."""
     drafted_at: torch.Tensor | None = None
@@ -173,21 +182,26 @@ class StepRead:
     """Each row's K + 1 candidates, flat."""
     width: int
     """K + 1."""
+    echo: list[list[int]] | None
+    """Each row's `StepOutputs.echo` (None: none)."""
     accepted_at: list[int]
     drafted_at: list[int]
     learned: list[int]
 
     @classmethod
-    def unpack(cls, host: list[int], n: int, B: int, width: int) -> StepRead:
+    def unpack(cls, host: list[int], n: int, B: int, width: int, echo: int = 0) -> StepRead:
         """Decode `StepOutputs.pack` read back as `host`, for n rows of `width`
-        candidates (K = width - 1 per-position fields when K > 0)."""
+        candidates and `echo` columns of echo (K = width - 1 per-position fields when
+        K > 0)."""
         R = ROW_FIELDS
         rows = [host[i * n : i * n + B] for i in range(R)]
         at = R * n + n * width
-        K = width - 1
+        echoed = [host[at + b * echo : at + (b + 1) * echo] for b in range(B)] if echo else None
+        at, K = at + n * echo, width - 1
         per = [host[at : at + K], host[at + K : at + 2 * K], host[at + 2 * K :]]
-        return cls(*rows, host[R * n : R * n + B * width], width, *(per if K else [[]] * 3))
+        tokens = host[R * n : R * n + B * width]
+        return cls(*rows, tokens, width, echoed, *(per if K else [[]] * 3))
 
     def for_drafter(self, pos: list[int]) -> Emitted:
         """What a drafter learns of the iteration (rows at positions `pos` after it)."""
-        return Emitted(pos, self.emitted, self.count, self.tokens, self.width)
+        return Emitted(pos, self.emitted, self.count, self.tokens, self.width, self.echo)

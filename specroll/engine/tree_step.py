@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from specroll.device import host_paced
 from specroll.engine.slots import Slots
 from specroll.model.kv_cache import KVCache
 from specroll.model.transformer import Transformer
 from specroll.spec import rng, tree
 from specroll.spec.sampling import RowSampling
 from specroll.spec.tree import TreeVerifyOutput
-
-HOST_PACED = ("cpu",)
-"""Device types whose tree walk is paced by the host: reading back costs nothing there,
-and the LM head then runs over the accepted path only."""
 
 
 def run(
@@ -56,7 +53,7 @@ def run(
     parents = torch.cat([torch.full((n, 1), -1, **long), parents], dim=1)  # [n, N]
     filled = k if lengths is None else lengths.unsqueeze(1)
     parents = parents.masked_fill(torch.arange(k + 1, **long) > filled, -1)
-    paced = dev.type in HOST_PACED and live is None
+    paced = host_paced(dev) and live is None
     anc = tree.ancestors(parents, stop_early=paced)  # [n, N, N]
     depth = tree.depths(anc)  # [n, N]
     used = (parents >= 0) & (depth <= num_draft.unsqueeze(1))  # [n, N] verified nodes
