@@ -39,6 +39,7 @@ from specroll.rl.learner.schedule import lr_at
 from specroll.rl.replica import Weights
 from specroll.rl.rollout import build_rollout
 from specroll.rl.run import adapters, checkpoint, export, rundir, samples, validation
+from specroll.rl.run.checkpointing import Checkpointing
 from specroll.rl.run.loggers import Loggers, check_installed, open_loggers
 from specroll.rl.run.refill import StepGroups, refill
 from specroll.rl.run.report import step_metrics, write_report
@@ -52,7 +53,7 @@ class Interrupted(Exception):
     """Raised at a stage boundary after Ctrl-C; the trainer saves and exits."""
 
 
-class Trainer:
+class Trainer(Checkpointing):
     """The step loop over a rollout backend (`rollout.backend`) and a learner host
     (`learner.strategy`, `learner.placement`)."""
 
@@ -93,6 +94,8 @@ class Trainer:
         """The last step's sample completions (`log.samples`)."""
         self.step = 0
         self.run_dir: rundir.RunDir | None = None
+        self.writer = checkpoint.Writer()
+        """Writes the run's checkpoints in the background, one at a time."""
         weights = self.host.weights()
         self.refit_bytes = _local_bytes(Weights.of(policy, draft if cfg.draft.online else None))
         """What each refit carries to the rollout side (a LoRA policy's: its adapters,
@@ -248,44 +251,6 @@ class Trainer:
         """The current policy's validation metrics (`validation.validate`)."""
         return validation.validate(self.task, self.rollout.generate, first=self.step == 0)
 
-    def checkpoint_state(self) -> dict:
-        """What `state.pt` holds: the config, the old-log-prob source and the learner."""
-        out = {
-            "config": self.cfg.to_dict(),
-            **self.old_logprobs.state_dict(),
-            **self.host.checkpoint_state(),
-        }
-        if self.draft_config is not None:
-            out["draft_config"] = self.draft_config
-        if self.policy.lora_spec is not None:  # `policy` holds only the adapters
-            out["lora_spec"] = adapters.spec_dict(self.policy.lora_spec)
-        drafter = self.rollout.drafter_state()
-        if drafter is not None:
-            out["drafter"] = drafter
-        return out
-
-    def restore(self, state: dict) -> None:
-        """Continue from a checkpoint's state (`checkpoint.load`)."""
-        problem = rundir.config_mismatch(self.cfg.to_dict(), state["config"])
-        if problem:
-            raise ValueError(problem)
-        self.host.restore(state)
-        self.step = state["step"]
-        self.old_logprobs.load_state_dict(state)
-        self.rollout.update_weights(self.step, self.host.weights())
-        if "drafter" in state:
-            self.rollout.load_drafter_state(state["drafter"])
-
-    def save_checkpoint(self) -> Path:
-        return checkpoint.save(
-            self.out / "checkpoints",
-            self.step,
-            self.checkpoint_state(),
-            self.cfg.pipeline.keep_checkpoints,
-            run_id=self.run_dir.run_id if self.run_dir is not None else "",
-            write=self.host.save_sharded,
-        )
-
     def close(self) -> None:
         """Stop the rollout workers and the learner's processes or actors; in-flight
         asynchronous rollouts are discarded."""
@@ -345,18 +310,11 @@ class Trainer:
                 f"--resume{nl}{traceback}"
             ) from None
         finally:
+            self._settle()
             run_dir.close()
             loggers.close()
             self.task.close()  # the reward worker: a later call starts it again
         return history
-
-    def _kept(self) -> str:
-        """Where the last good weights are after an update that was not applied."""
-        if self.cfg.loss.updates_per_step == 1:  # the weights are those of the last step
-            path = self.save_checkpoint()
-            return f"the weights of step {self.step} are saved in {path}"
-        newest = checkpoint.latest(self.out / "checkpoints")
-        return "the newest checkpoint holds good weights" + (f": {newest}" if newest else "")
 
     def _loop(self, run_dir: rundir.RunDir, loggers: Loggers, history: list, on_step) -> None:
         """Steps until `pipeline.steps`: validation, metrics, samples, checkpoints, exports."""
@@ -383,7 +341,7 @@ class Trainer:
                 on_step(m)
             every = cfg.pipeline.checkpoint_every
             if every and self.step % every == 0 and not last:
-                self.save_checkpoint()
+                self.save_checkpoint(wait=False)
             every = cfg.pipeline.export_every
             if every and self.step % every == 0:
                 rollout = dataclasses.asdict(cfg.rollout)
