@@ -5,6 +5,8 @@ default run's size, and how much a background write slows matrix products beside
     python benchmarks/checkpoint_cost.py              # final line: JSON with the figures
     python benchmarks/checkpoint_cost.py --gb 0.4     # a smaller state
 
+A line per repeat on stderr (a background write beside busy products takes minutes).
+
 The state is random fp32 tensors of `--gb` gigabytes (the default run's checkpoint:
 policy, draft and both AdamW states of SmolLM2-135M, about 1.7 GB): the write's cost
 depends on its bytes, not on what they mean. The products stand in for the learner's
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,6 +61,12 @@ def main() -> None:
                 beside.append(products())
             writer.wait()
             done.append(time.perf_counter() - t)
+            print(
+                f"repeat {r + 1}/{args.repeats}: on the critical path {sync[-1]:.1f} s, "
+                f"in the background {start[-1]:.2f} s (written after {done[-1]:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     med = lambda xs: round(statistics.median(xs), 3)  # noqa: E731
     out = {
         "config": {"gb": args.gb, "repeats": args.repeats, "threads": torch.get_num_threads()},

@@ -47,6 +47,7 @@ mix never changes what a row samples.
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -77,6 +78,24 @@ DECAY = 0.99
 """Decay per iteration of the calibration counts."""
 
 
+class _OnDevice(NamedTuple):
+    """A tree chosen on the device (`CombinedDrafter._on_device`): what decoding its echo
+    needs (`_chosen`)."""
+
+    nodes: list[list[Node]]
+    """Each row's history nodes, in the order sent."""
+    ests: list[tuple[dict, int] | None]
+    """Each row's estimates and cap (`_history_part`)."""
+    H: int
+    """History nodes per row as sent (padded): the network's candidates follow them."""
+    d: int
+    """The network's path length."""
+    w: int
+    """Its candidates per position."""
+    echo: torch.Tensor
+    """[B, k + 2·d·w] what the step's read brings back (`Proposal.echo`)."""
+
+
 class CombinedDrafter(Drafter):
     """Merged history + draft-network trees (module docstring)."""
 
@@ -96,7 +115,7 @@ class CombinedDrafter(Drafter):
         self._proposed: list[dict[Node, dict[str, float]] | None] = []
         self._report: FormReport | None = None  # what this iteration's proposal measured
         self._fresh = False  # proposed this iteration (commit learns only then)
-        self._echoed: tuple | None = None
+        self._echoed: _OnDevice | None = None
 
     @property
     def version(self) -> int:
@@ -155,7 +174,7 @@ class CombinedDrafter(Drafter):
             if self._echoed is not None:  # a tree chosen on the device: what it was
                 echo = read.echo
                 if echo is None:  # (run outside the engine: `engine.walk`)
-                    echo = self._echoed[3].tolist()
+                    echo = self._echoed.echo.tolist()
                 self._chosen(B, echo)
             self._learn(B, read)
         else:
@@ -290,15 +309,14 @@ class CombinedDrafter(Drafter):
             k,
         )
         echo = torch.cat([chosen, toks.flatten(1), q.flatten(1).view(torch.long)], 1)
-        self._echoed = (nodes, ests, toks.shape[1:], echo)
+        self._echoed = _OnDevice(nodes, ests, H, *toks.shape[1:], echo)
         return Proposal(tokens, None, lengths, parents, echo=echo)
 
     def _chosen(self, B: int, echo: list[list[int]]) -> None:
         """`_proposed` of a tree chosen on the device, from what the step's read brought
         back of it (`_on_device`): the nodes and both sources' estimates, as `_on_host`
         keeps them."""
-        nodes, ests, (d, w), _ = self._echoed
-        H = max(1, *map(len, nodes))
+        nodes, ests, H, d, w, _ = self._echoed
         for b, part in enumerate(ests[:B]):
             if part is None:
                 continue

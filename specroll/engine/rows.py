@@ -13,12 +13,18 @@ compacted.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specroll.engine.step import StepRead
+
 NONE, STOP, LENGTH, CONTEXT = 0, 1, 2, 3
-"""Finish codes of a row (`Slots.finish`, `HostRows.finish`)."""
+"""Finish codes of a row (`HostRows.finish`, `StepOutputs.finish`)."""
 REASONS = {STOP: "stop", LENGTH: "length", CONTEXT: "context"}
 """`Result.finish_reason` of each finish code."""
-STATE = ("pos", "last", "gen", "left", "seed", "top_k", "max_draft")
-"""The integer row state the device gets each step (`HostRows.state`), in order."""
+STATE = ("pos", "last", "n_gen", "left", "seed", "top_k", "max_draft")
+"""The integer row state the device gets each step (`HostRows.state`), in order: the
+names of `HostRows`' lists (`top_k`: of its `params`) and of `Slots`' tensors."""
 STATE_F = ("temperature", "top_p")
 """The float row state the device gets each step, in order."""
 
@@ -33,7 +39,7 @@ class HostRows:
         """Tokens already in each slot's cache (the position of its `last` token)."""
         self.last = [0] * n
         """Each slot's newest token (scored next, entering the cache at `pos`)."""
-        self.gen = [0] * n
+        self.n_gen = [0] * n
         """Tokens each slot has generated (the output index of its next token)."""
         self.finish = [NONE] * n
         """Each slot's finish code."""
@@ -54,7 +60,7 @@ class HostRows:
             self.request,
             self.pos,
             self.last,
-            self.gen,
+            self.n_gen,
             self.finish,
             self.left,
             self.seed,
@@ -69,17 +75,19 @@ class HostRows:
         """Slot b starts request j (its prompt comes with `prompt`)."""
         self.request[b], self.finish[b], self.params[b] = j, NONE, params
         self.left[b], self.max_draft[b], self.draft_pos[b] = left, cap, 0
-        self.gen[b], self.seed[b] = 0, seed
+        self.n_gen[b], self.seed[b] = 0, seed
 
     def prompt(self, b: int, ids: list[int]) -> None:
         """Slot b's prompt is in its history: its last token is scored next."""
         self.pos[b], self.last[b] = len(ids) - 1, ids[-1]
 
     def state(self) -> tuple[list[list[int]], list[list[float]]]:
-        """Every slot's `STATE` and `STATE_F` (what `Slots.load` copies in)."""
-        temperature, top_k, top_p = zip(*self.params, strict=True)
-        ints = [self.pos, self.last, self.gen, self.left, self.seed, top_k, self.max_draft]
-        return ints, [temperature, top_p]
+        """Every slot's `STATE` and `STATE_F`, in their order (what `Slots.load` copies
+        in)."""
+        names = ("temperature", "top_k", "top_p")
+        sampling = dict(zip(names, zip(*self.params, strict=True), strict=True))
+        field = {**vars(self), **sampling}
+        return [field[f] for f in STATE], [field[f] for f in STATE_F]
 
     def move(self, src: int, dst: int) -> None:
         for host in self.lists():
@@ -94,14 +102,14 @@ class HostRows:
             for m, left in zip(self.max_draft[:B], self.left[:B], strict=True)
         ]
 
-    def advance(self, span: range, read) -> None:
+    def advance(self, span: range, read: StepRead) -> None:
         """An iteration's emitted and kept tokens and finish codes of `span`'s slots, as
         the step's one read (`StepRead`) returned them."""
         W, tokens = read.width, read.tokens
         rows = zip(span, read.emitted, read.count, read.finish, strict=True)
         for i, (b, e, c, f) in enumerate(rows):
             self.pos[b] += e
-            self.gen[b] += c
+            self.n_gen[b] += c
             self.left[b] -= c
             self.finish[b] = f
             if e:  # (a live row emits at least one token)

@@ -48,7 +48,7 @@ class Slots:
         long = dict(dtype=torch.long, device=device)
         flt = dict(dtype=torch.float32, device=device)
         # each row's state, derived from the host's (`host`) and copied in once per
-        # step (`load`): the step reads it and never writes it
+        # step (`load`): the step reads it and never writes it (`STATE`'s order)
         self._state = torch.zeros(len(STATE), n, **long)  # [7, S]
         self._state_f = torch.zeros(len(STATE_F), n, **flt)  # [2, S]
         self.pos, self.last, self.n_gen, self.left, self.seed, self.top_k, self.max_draft = (
@@ -248,7 +248,7 @@ class Slots:
         self, b: int, req: Request, seed: int, reason: str, versions: tuple[int, int | None]
     ) -> Result:
         """The finished request in slot b; versions: (policy, draft) it generated with."""
-        n, j, k = self.host.gen[b], self.host.request[b], self.k_max
+        n, j, k = self.host.n_gen[b], self.host.request[b], self.k_max
         return Result(
             request_id=j if req.request_id is None else req.request_id,
             prompt_ids=list(req.prompt_ids),

@@ -39,6 +39,11 @@ FORMAT = 2
 rl/ split, whose checkpoints carry no format (they do not resume: start over)."""
 
 
+def _final(root: Path, step: int) -> Path:
+    """Where checkpoint `step` lies once written."""
+    return root / f"step-{step:06d}"
+
+
 def _dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if p.is_dir())
 
@@ -112,7 +117,7 @@ def _begin(root: Path, step: int, state: dict, write: Callable[[Path], None] | N
 def _finish(root: Path, step: int, state: dict, tmp: Path, keep: int, run_id: str) -> Path:
     """The rest of a checkpoint (`_begin`): state.pt, meta.json with every file's size and
     checksum, the rename that makes it whole, the oldest beyond `keep` removed."""
-    final = root / f"step-{step:06d}"
+    final = _final(root, step)
     with _failing_write(root, step, tmp):
         torch.save(state, tmp / "state.pt")
         meta = {
@@ -143,7 +148,7 @@ def _failing_write(root: Path, step: int, tmp: Path) -> Iterator[None]:
             raise
         kept = latest(root)
         raise CheckpointError(
-            f"could not write checkpoint {root / f'step-{step:06d}'}: "
+            f"could not write checkpoint {_final(root, step)}: "
             f"{getattr(e, 'strerror', None) or e}"
             + (f"; the previous one ({kept.name}) is kept" if kept else "")
         ) from e
@@ -186,7 +191,7 @@ class Writer:
         """Begin checkpoint `step` (as `save`) and return the path it will have."""
         self.wait()
         begun = _begin(Path(root), step, snapshot(state), write)
-        self.path = Path(root) / f"step-{step:06d}"
+        self.path = _final(Path(root), step)
 
         def run() -> None:
             _yield_cores()
