@@ -18,6 +18,8 @@ import torch
 
 from specroll.engine.request import Results
 from specroll.rl.config import TrainConfig
+from specroll.rl.run.gpu_estimate import simulated, with_simulated
+from specroll.sim.run_on_gpu import GpuEstimate
 
 if TYPE_CHECKING:
     from specroll.rl.run.refill import StepGroups
@@ -219,6 +221,11 @@ EXPLAIN = {
     "ratio measures the decoding itself.",
     "step_speedup": "`step_speedup`: the whole step with plain generation over the step "
     "as run (the shadow steps' stage times), median: what speculation bought end to end.",
+    "simulated_gen_speedup": "`simulated_gen_speedup`: simulated, not measured: plain over "
+    "speculative generation time of the last step's responses at the run's batch size on "
+    "one GPU (`specroll simulate`'s model; prompts of 256 tokens, the draft costed as one "
+    "EAGLE-3 layer, adaptive depth), fed this run's acceptance; `simulated_gen_basis` "
+    "says the GPU, the depth chosen and where the acceptance comes from.",
     "amdahl_bound": "`amdahl_bound`: 1 / (R_gen / S_gen + 1 - R_gen) with R_gen the "
     "generation share of the plain-decoding step; `amdahl_bound_at_al`: the same with the "
     "acceptance length as S_gen (free drafts and verification).",
@@ -304,6 +311,9 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
 
     steps = [r for r in rows if "time" in r]
     summary = summarise(rows)
+    est = simulated(out, rows, cfg)
+    if isinstance(est, GpuEstimate):
+        summary = with_simulated(summary, est)
     figs = figures(rows, summary, cfg)
     for name, fig in figs.items():
         fig.tight_layout()
@@ -336,6 +346,8 @@ def write_report(out: Path, rows: list[dict], cfg: TrainConfig) -> Path:
             "- No generation speed-up was measured: set `pipeline.shadow_every` (synchronous "
             "runs with a draft) to decode some steps' requests without speculation too."
         )
+    if est is not None:  # the measured figures above, then what a GPU would make of them
+        lines.append(f"- {est.line() if isinstance(est, GpuEstimate) else est}.")
     lines.append("")
     lines += [f"![{n}]({n})" for n in figs]
     lines += ["", "| step | reward | val reward | AL | gen s | logprob s | train s | step s |"]
