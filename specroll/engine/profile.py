@@ -34,12 +34,17 @@ FORMAT = 2
 
 
 @torch.inference_mode()
-def time_forward(model: Transformer, B: int, q: int, ctx: int, repeats: int = 5) -> float:
+def time_forward(
+    model: Transformer, B: int, q: int, ctx: int, repeats: int = 5, cache: KVCache | None = None
+) -> float:
     """Median seconds of one forward adding q tokens to B rows at context ctx (on the
-    model's device and in its dtype, timed from and to an idle device)."""
+    model's device and in its dtype, timed from and to an idle device). `cache`: one of
+    at least B slots x ctx + q positions to reuse (allocating a large one costs more than
+    the forwards timed in it)."""
     p = next(model.parameters())
     dev = p.device
-    cache = KVCache(model.cfg, B, ctx + q, dtype=p.dtype, device=dev)
+    if cache is None:
+        cache = KVCache(model.cfg, B, ctx + q, dtype=p.dtype, device=dev)
     g = torch.Generator(device="cpu").manual_seed(0)
     shape = (B, q)
     tokens = torch.randint(0, model.cfg.vocab_size, shape, generator=g, device="cpu").to(dev)
@@ -109,6 +114,40 @@ def tree_terms(
     return a, b, pts, err
 
 
+def _engine_points(
+    model: Transformer,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    engine_batches: tuple[int, ...],
+    engine_ks: tuple[int, ...],
+    new_tokens: int,
+    log: Callable[[str], None],
+) -> tuple[list[dict], list[Request]]:
+    """Per-iteration draft and overhead seconds of real engine runs at each (B, k), and
+    the last batch's requests. One engine per B serves every k (its buffers are sized for
+    the largest; only the depth policy changes between runs), warmed up once."""
+    pts: list[dict] = []
+    reqs: list[Request] = []
+    for B in engine_batches:
+        reqs = [
+            Request(
+                prompts[i % len(prompts)],
+                SamplingParams(1.0, max_new_tokens=new_tokens, stop_token_ids=(), seed=i),
+            )
+            for i in range(B)
+        ]
+        eng = Engine(model, EngineConfig(max_batch=B), drafter, FixedDepth(max(engine_ks)))
+        eng.generate(reqs[:1])  # warm-up
+        for k in engine_ks:
+            # k = 0: a drafter attached (it stores features) that never drafts
+            eng.depth = FixedDepth(k) if k else FixedDepth(max(engine_ks), max_batch=0)
+            s = eng.generate(reqs).stats
+            it = max(s.target_forwards, 1)
+            pts.append({"B": B, "k": k, "draft_s": s.draft_s / it, "other_s": s.other_s / it})
+        log(f"engine with drafter {drafter.name} at batch {B}: k = {list(engine_ks)}")
+    return pts, reqs
+
+
 PROFILE_PROMPTS_SEED = 3
 """Seed of the math prompts a hardware profile is measured on (CLI and training alike)."""
 
@@ -130,37 +169,23 @@ def profile(
     """Measure and fit; `prompts` (token ids) feed the engine runs (and a drafter of trees
     gets the tree terms: `tree_terms`)."""
     points = []
-    for ctx in ctxs:
-        if ctx + max(qs) > model.cfg.max_position_embeddings:
-            continue
-        for B in batches:
+    p = next(model.parameters())
+    ctxs = tuple(c for c in ctxs if c + max(qs) <= model.cfg.max_position_embeddings)
+    for B in batches:
+        cache = KVCache(model.cfg, B, max(ctxs) + max(qs), dtype=p.dtype, device=p.device)
+        for ctx in ctxs:
             for q in qs:
-                s = time_forward(model, B, q, ctx, repeats)
+                s = time_forward(model, B, q, ctx, repeats, cache)
                 points.append({"B": B, "q": q, "ctx": ctx, "seconds": s})
-        log(f"target forward at context {ctx}: {len(points)} points")
+        del cache
+        log(f"target forward at batch {B}: {len(points)} points")
     coef, err = fit_target(points)
     cm = CostModel(**coef)
     engine_pts, tree_pts = [], None
     if drafter is not None:
-        for B in engine_batches:
-            reqs = [
-                Request(
-                    prompts[i % len(prompts)],
-                    SamplingParams(1.0, max_new_tokens=new_tokens, stop_token_ids=(), seed=i),
-                )
-                for i in range(B)
-            ]
-            for k in engine_ks:
-                # k = 0: a drafter attached (it stores features) that never drafts
-                depth = FixedDepth(k) if k else FixedDepth(max(engine_ks), max_batch=0)
-                eng = Engine(model, EngineConfig(max_batch=B), drafter, depth)
-                eng.generate(reqs[:1])  # warm-up
-                s = eng.generate(reqs).stats
-                it = max(s.target_forwards, 1)
-                engine_pts.append(
-                    {"B": B, "k": k, "draft_s": s.draft_s / it, "other_s": s.other_s / it}
-                )
-            log(f"engine with drafter {drafter.name} at batch {B}: k = {list(engine_ks)}")
+        engine_pts, reqs = _engine_points(
+            model, drafter, prompts, engine_batches, engine_ks, new_tokens, log
+        )
         drafting = [p for p in engine_pts if p["k"] > 0]  # k = 0 only stores features
         feats = [[1.0, p["B"], p["k"], p["k"] * p["B"]] for p in drafting]
         d, d_err = fit_features(feats, [p["draft_s"] for p in drafting])
@@ -192,16 +217,18 @@ def profile(
 
 
 QUICK = dict(
-    batches=(1, 8, 64),
+    batches=(1, 4, 16),
     qs=(1, 4),
     ctxs=(64, 256),
-    engine_batches=(1, 16),
+    engine_batches=(1, 8),
     engine_ks=(0, 1, 3),
     tree_nodes=(4,),
-    new_tokens=8,
-    repeats=2,
+    new_tokens=6,
+    repeats=1,
 )
 """The grid of `quick_profile`: a dozen forwards and a few short engine runs."""
+QUICK_PROMPT = 16
+"""Tokens of each prompt `quick_profile`'s engine runs keep (the last ones)."""
 
 
 MEASURE = "measure"
@@ -223,7 +250,10 @@ def quick_profile(
         "a quick hardware profile for adaptive depth: measuring (seconds; longer on a busy machine)"
     )
     # its stages as they end: a loaded machine takes minutes, never in silence
-    cm = profile(model, drafter, prompts, log=lambda m: log(f"quick profile: {m}"), **QUICK)
+    # short prompts: an iteration's draft and bookkeeping cost does not depend on the
+    # prompt, and prefilling long ones would be most of the engine runs' time
+    short = [p[-QUICK_PROMPT:] for p in prompts]
+    cm = profile(model, drafter, short, log=lambda m: log(f"quick profile: {m}"), **QUICK)
     cm.meta["quick"] = True
     log(f"a quick hardware profile for adaptive depth in {time.perf_counter() - t0:.1f} s")
     return cm
