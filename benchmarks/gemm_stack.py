@@ -34,7 +34,7 @@ from specroll.engine.bench import median_time
 from specroll.model import packed as packing
 from specroll.sim.catalogue import model_spec
 
-ROWS = (1, 4, 16)
+ROWS = (1, 4, 16, 32, 64)
 
 
 def _median_ms(fn, repeats: int) -> float:
