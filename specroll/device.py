@@ -7,11 +7,17 @@ GPU both are 'auto'; with Ray each worker resolves 'auto' to the GPU it was give
 
 Names are checked without touching CUDA (config validation must work on any machine);
 `resolve_device` is where a CUDA name meets the hardware, and fails naming the field.
+`bf16_speedup` measures whether bf16 products pay on a device (`learner.dtype: auto`).
 """
 
 from __future__ import annotations
 
+import json
+import platform
 import re
+import statistics
+import time
+from pathlib import Path
 
 import torch
 
@@ -29,10 +35,11 @@ def check_device_name(where: str, name: str) -> None:
         raise ValueError(f"{where} must be one of {', '.join(DEVICES)}; got {name!r}")
 
 
-def check_dtype_name(where: str, name: str) -> None:
-    """ValueError naming `where` unless `name` is one of DTYPES."""
+def check_dtype_name(where: str, name: str, extra: tuple[str, ...] = ()) -> None:
+    """ValueError naming `where` unless `name` is one of DTYPES (`extra`: other names
+    the field accepts, listed in the message)."""
     if name not in DTYPES:
-        raise ValueError(f"{where} must be one of {', '.join(DTYPES)}; got {name!r}")
+        raise ValueError(f"{where} must be one of {', '.join((*DTYPES, *extra))}; got {name!r}")
 
 
 def resolve_device(name: str, where: str = "device") -> torch.device:
@@ -114,3 +121,100 @@ def upload(values, device: torch.device | str, dtype: torch.dtype = torch.long) 
     if device.type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+# ---------------------------------------------------------------- measured capability
+# bf16 pays only where the hardware multiplies bf16 natively: CPUs with AVX-512 BF16 or
+# AMX (about 2x an fp32 product), GPUs from Ampere on. Elsewhere (an AVX2-only CPU)
+# PyTorch emulates it and bf16 runs *slower* than fp32. So `learner.dtype: auto` times
+# the learner's own kind of product (an autocast linear over fp32 master weights, the
+# cast included) in both dtypes on the learner's device, and picks bf16 only when it is
+# clearly faster (`BF16_MARGIN`: noise cannot flip a 2x machine or a 0.5x one).
+
+BF16_MARGIN = 1.3
+"""bf16 is chosen when its products measure at least this many times fp32's speed."""
+SHAPE = (1024, 576, 1536)
+"""(rows, in, out) of the timed product: a learner micro-batch's MLP product at SmolLM2's
+width (the learner multiplies thousands of rows by every weight)."""
+
+
+def _machine(device: torch.device) -> str:
+    """A name for the hardware and the torch that drives it (the cache key)."""
+    if device.type == "cuda":
+        hw = torch.cuda.get_device_name(device)
+    else:
+        hw = _cpu_model() + f"-t{torch.get_num_threads()}"
+    return f"{device.type}-{hw}-torch{torch.__version__}".replace(" ", "_").replace("/", "_")
+
+
+def _cpu_model() -> str:
+    """The CPU's model name and whether it flags native bf16 (from /proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "cpu"
+    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if "model name" in ln), "")
+    flags = ("avx512_bf16" in text) * "-avx512bf16" + ("amx_bf16" in text) * "-amx"
+    return (name or "cpu") + flags
+
+
+def _time_product(device: torch.device, bf16: bool, repeats: int) -> float:
+    """Median seconds of the learner's product (autocast linear over fp32 weights)."""
+    g = torch.Generator().manual_seed(0)
+    M, K, N = SHAPE
+    x = torch.randn(M, K, generator=g).to(device)
+    w = torch.randn(N, K, generator=g).to(device)
+    times = []
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        for _ in range(repeats + 1):  # the first is a warm-up
+            synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(4):
+                torch.nn.functional.linear(x, w)
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def bf16_speedup(device: torch.device, path: Path | None = None, repeats: int = 5) -> float:
+    """fp32 product time over bf16 product time on `device`, measured once per machine
+    and kept in the JSON file `path` (None: measured every time)."""
+    key = _machine(device)
+    known = _read_json(path)
+    value = known.get(key)
+    if isinstance(value, (int, float)) and 0 < value < 1e3:
+        return float(value)
+    fp32, bf16 = [], []
+    for _ in range(2):  # interleaved: both dtypes see the same machine load
+        fp32.append(_time_product(device, False, repeats))
+        bf16.append(_time_product(device, True, repeats))
+    speedup = min(fp32) / min(bf16)
+    known[key] = round(speedup, 3)
+    if path is None:
+        return speedup
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(known, indent=1) + "\n")
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: measured again next time
+    return speedup
+
+
+def _read_json(path: Path | None) -> dict:
+    """The measurements kept in `path` ({} when there are none or they are unreadable)."""
+    try:
+        known = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def learner_dtype(device: torch.device, path: Path | None = None) -> tuple[str, str]:
+    """(dtype name, why) that `learner.dtype: auto` means on `device` (`path`: where the
+    measurement is kept, see `bf16_speedup`)."""
+    s = bf16_speedup(device, path)
+    if s >= BF16_MARGIN:
+        return "bfloat16", f"bf16 products measured {s:.2f}x fp32's speed here"
+    return "float32", f"bf16 products measured {s:.2f}x fp32's speed here (< {BF16_MARGIN}x)"

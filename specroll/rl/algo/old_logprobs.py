@@ -9,6 +9,14 @@ still trains on the engine's log-probs, so a run does not depend on when it chec
 that fails (mismatch above the stated bound, `mismatch`) switches the run to
 recomputation for good, with a warning, and that switch is part of the checkpoint. The
 mismatch statistics are those of every recorded recomputation (on-policy tokens).
+
+A bf16 learner over an fp32 engine (`update_usable`: what `learner.dtype: auto` gives on
+a CPU or GPU with native bf16) takes them from the update's own forward instead: on-policy
+with one update, the old policy *is* the policy being updated, so the ratio is exactly 1
+and the gradient is the bf16 forward's. Its bf16 log-probs differ from the engine's fp32
+ones by bf16 rounding (0.2-0.3 at most on SmolLM2), which is not a difference between the
+policies, so the check recomputes in fp32 (`exact`): the engine's log-probs against the
+learner's fp32 master weights, under the same bound as an fp32 run.
 """
 
 from __future__ import annotations
@@ -21,8 +29,9 @@ from specroll.rl.algo.batch import Batch
 from specroll.rl.algo.mismatch import logprob_tolerance, mismatch_stats
 from specroll.rl.config import TrainConfig
 
-Recompute = Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None]]
-"""The learner's (policy [N, T], reference [N, T] or None) log-probs of a batch."""
+Recompute = Callable[[Batch, bool], tuple[torch.Tensor, torch.Tensor | None]]
+"""The learner's (policy [N, T], reference [N, T] or None) log-probs of a batch; with the
+flag (`exact`) in fp32 whatever the learner's dtype."""
 
 
 def engine_usable(cfg: TrainConfig) -> bool:
@@ -34,6 +43,22 @@ def engine_usable(cfg: TrainConfig) -> bool:
         and cfg.pipeline.max_lag == 0
         and cfg.rollout.dtype == cfg.learner.dtype == "float32"
         and cfg.loss.kl_coef == 0
+    )
+
+
+def update_usable(cfg: TrainConfig) -> bool:
+    """Whether `learner.recompute_logprobs: auto` may take the old log-probs from the
+    update's own forward (detached; `Learner.train` with old_logp None): synchronous, one
+    update per step, no reference pass, and a bf16 learner (autocast over fp32 master
+    weights, one process: its check can run in fp32) over an fp32 engine."""
+    return (
+        cfg.learner.recompute_logprobs == "auto"
+        and cfg.pipeline.max_lag == 0
+        and cfg.loss.updates_per_step == 1
+        and cfg.loss.kl_coef == 0
+        and cfg.rollout.dtype == "float32"
+        and cfg.learner.dtype == "bfloat16"
+        and cfg.learner.strategy == "single"
     )
 
 
@@ -54,28 +79,31 @@ class OldLogprobs:
 
     def __call__(
         self, recompute: Recompute, batch: Batch, fresh: torch.Tensor, step: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
-        """(old [N, T], ref [N, T] or None, metrics) of step `step`'s batch; `fresh` [N]
-        marks the rows sampled by the current policy (on-policy: compared)."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict]:
+        """(old [N, T] or None, ref [N, T] or None, metrics) of step `step`'s batch;
+        `fresh` [N] marks the rows sampled by the current policy (on-policy: compared).
+        old None: the update takes them from its own forward (`update_usable`)."""
         cfg = self.cfg
-        use_engine = engine_usable(cfg) and not self.fallback
+        own = update_usable(cfg) and not self.fallback
+        use_engine = (own or engine_usable(cfg)) and not self.fallback
         scheduled = step % cfg.learner.check_every == 0
         engine = batch.behaviour_logp * batch.response_mask
+        kept, source = (None, "update") if own else (engine, "engine")
         none = {
             **mismatch_stats(engine, engine, torch.zeros_like(batch.response_mask)),
-            "logprob_source": "engine",
+            "logprob_source": source,
             "logprob_check": None,
         }
         if use_engine and not scheduled and self._checked:
-            return engine, None, none
-        old, ref = recompute(batch)
+            return kept, None, none
+        old, ref = recompute(batch, own)
         self._checked = True
         stats = mismatch_stats(batch.behaviour_logp, old, batch.response_mask & fresh[:, None])
         worst = stats["logprob_mismatch_max"]
-        fp32 = cfg.rollout.dtype == cfg.learner.dtype == "float32"
+        exact = own or cfg.rollout.dtype == cfg.learner.dtype == "float32"
         bound = logprob_tolerance(cfg.rollout.temperature)
         agree = worst is None or worst <= bound
-        if fp32 and not agree:
+        if exact and not agree:
             self.log(
                 f"warning: step {step + 1}: engine vs learner log-probs differ by {worst:.2e}, "
                 f"above the stated bound {bound:.2e} (rl.algo.mismatch): check weights and "
@@ -84,8 +112,10 @@ class OldLogprobs:
         if not use_engine:
             return old, ref, {**stats, "logprob_source": "learner", "logprob_check": None}
         if agree and not scheduled:  # this process's first step, checked off schedule:
-            return engine, None, none  # recorded as the uninterrupted run records it
-        if agree:  # checked: train on the engine's, as on the steps between checks
-            return engine, ref, {**stats, "logprob_source": "engine", "logprob_check": True}
+            return kept, None, none  # recorded as the uninterrupted run records it
+        if agree:  # checked: train as on the steps between checks
+            return kept, ref, {**stats, "logprob_source": source, "logprob_check": True}
         self.fallback = True
+        if own:  # from now on the learner's own dtype's, as recomputation gives them
+            old, ref = recompute(batch, False)
         return old, ref, {**stats, "logprob_source": "learner", "logprob_check": False}

@@ -27,9 +27,12 @@ from specroll.rl.replica import Weights
 class LearnerHost(Protocol):
     """Where the learner runs; every method is a whole stage of the step."""
 
-    def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def logprobs(
+        self, batch: Batch, exact: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[N, T] log-probs (CPU, fp32) of the batch under the policy and (if any) the
-        reference (stage `logprob`)."""
+        reference (stage `logprob`); `exact`: computed in fp32 whatever `learner.dtype`
+        (a bf16 learner's check against an fp32 engine, `algo.old_logprobs`)."""
 
     def train(
         self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, lr: float | None = None

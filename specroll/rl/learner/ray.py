@@ -68,8 +68,8 @@ class RayLearnerHost:
 
         return ray.get(ref)
 
-    def logprobs(self, batch: Batch):
-        return self._get(self.actor.logprobs.remote(batch))
+    def logprobs(self, batch: Batch, exact: bool = False):
+        return self._get(self.actor.logprobs.remote(batch, exact))
 
     def train(self, batch: Batch, old, ref, lr: float | None = None) -> dict:
         return self._get(self.actor.train.remote(batch, old, ref, lr))

@@ -40,10 +40,12 @@ class Scorer:
     hidden_layers: tuple[int, ...]
     dp: DataParallel | None
 
-    def _autocast(self) -> AbstractContextManager:
-        """bf16 compute over fp32 weights (a no-op context in fp32)."""
+    def _autocast(self, dtype: torch.dtype | None = None) -> AbstractContextManager:
+        """bf16 compute over fp32 weights (a no-op context in fp32); `dtype` overrides the
+        learner's."""
+        dtype = dtype or self.dtype
         return torch.autocast(
-            self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16
+            self.device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16
         )
 
     def forward(
@@ -53,6 +55,7 @@ class Scorer:
         vocab: torch.Tensor | None = None,
         where: tuple[torch.Tensor, torch.Tensor] | None = None,
         entropy: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple:
         """One micro-batch's decoder forward and the head at the response positions.
 
@@ -62,10 +65,11 @@ class Scorer:
         are the ones `drafting.ttt.loss_mask` selects, in its order, when `vocab` is
         given; the hidden states `self.hidden_layers`), and with `entropy` a fourth item:
         the processed distribution's entropy [B, W] at the response tokens (0 elsewhere,
-        detached)."""
+        detached). `dtype`: the compute dtype, when not the learner's."""
         last = model.cfg.num_layers
         layers = self.hidden_layers if model is self.policy else (last,)
-        with self._autocast():
+        dtype = dtype or self.dtype
+        with self._autocast(dtype):
             out = model(b.tokens, hidden_layers=layers, return_logits=False)
         rows, cols = where if where is not None else predicting_positions(b, self.device)
         # the norm over every position, then the rows: an RMSNorm reduction's order
@@ -77,7 +81,7 @@ class Scorer:
             b.tokens[rows, cols + 1],
             self.temperature,
             vocab=vocab,
-            dtype=self.dtype,
+            dtype=dtype,
             top_k=self.top_k,
             top_p=self.top_p,
             entropy=entropy,
@@ -91,16 +95,20 @@ class Scorer:
     # ------------------------------------------------------------------ stage: logprob
 
     @torch.no_grad()
-    def logprobs(self, batch: Batch, model: Transformer | None = None) -> torch.Tensor:
+    def logprobs(
+        self, batch: Batch, model: Transformer | None = None, exact: bool = False
+    ) -> torch.Tensor:
         """[N, T] tempered log-probs (CPU, fp32) of `batch.tokens` under `model` (default:
-        the policy); 0 outside the response."""
+        the policy); 0 outside the response. `exact`: in fp32 whatever the learner's
+        dtype (over the fp32 master weights: what an fp32 engine samples from)."""
+        dtype = torch.float32 if exact else None
         model = model or self.policy
         plan = self._micro(batch)
         batch = batch.to(self.device)
         out = torch.zeros(batch.tokens.shape, device=self.device)
         for m, real in self._mine(plan):
             b = batch.rows(m.idx, m.width)
-            logp, _, _ = self.forward(model, b, where=m.where(b, self.device))
+            logp, _, _ = self.forward(model, b, where=m.where(b, self.device), dtype=dtype)
             if real:
                 out[torch.tensor(m.idx, device=self.device), : m.width] = logp
         if self.dp is not None:  # each row was computed on one rank, zeros elsewhere

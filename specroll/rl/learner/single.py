@@ -32,9 +32,11 @@ class LocalLearnerHost:
         self.model = cfg.policy.model
         self.learner = build_learner(cfg, policy, draft, device)
 
-    def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def logprobs(
+        self, batch: Batch, exact: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         lr = self.learner
-        return lr.logprobs(batch), lr.reference_logprobs(batch)
+        return lr.logprobs(batch, exact=exact), lr.reference_logprobs(batch)
 
     def train(
         self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, lr: float | None = None

@@ -35,6 +35,7 @@ from specroll.rl.budget import check_loaded
 from specroll.rl.config import TrainConfig
 from specroll.rl.errors import NonFiniteError, Stopped
 from specroll.rl.learner import build_host
+from specroll.rl.learner.build import with_learner_dtype
 from specroll.rl.learner.schedule import lr_at
 from specroll.rl.replica import Weights
 from specroll.rl.rollout import build_rollout
@@ -78,14 +79,17 @@ class Trainer(Checkpointing):
         self.rollout = build_rollout(cfg, policy, draft, tok, log)
         if cfg.learner.placement == "auto" and cfg.learner_placement() == "ray":
             log("learner: in a Ray actor (learner.placement=auto follows rollout.backend=ray)")
-        self.host = build_host(cfg, policy, draft)
+        # learner.dtype auto: this machine's, measured once; the run's settings (and so
+        # its checkpoints) keep 'auto', the learner and its old log-probs get the dtype
+        resolved = with_learner_dtype(cfg, log)
+        self.host = build_host(resolved, policy, draft)
         self.policy = policy
         self.window = RolloutWindow(
             self.rollout, self.task, cfg.pipeline.max_lag, cfg.pipeline.steps
         )
         self.shadow = ShadowProbe(cfg, self.rollout, self.task)
         """Plain decoding (and other drafters) of probed steps' requests, timed apart."""
-        self.old_logprobs = OldLogprobs(cfg, log)
+        self.old_logprobs = OldLogprobs(resolved, log)
         self.draft_config = (
             {"kind": draft.kind, "config": draft_config(draft)} if draft is not None else None
         )

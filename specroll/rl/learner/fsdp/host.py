@@ -160,8 +160,10 @@ class FSDPLearnerHost(ShardedCheckpoints):
 
     # ------------------------------------------------------------------ the host interface
 
-    def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self._call("logprobs", batch)
+    def logprobs(
+        self, batch: Batch, exact: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._call("logprobs", batch, exact)
 
     def train(
         self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, lr: float | None = None

@@ -64,9 +64,13 @@ class RankLearner:
         self.learner = build_learner(cfg, policy, draft, device, prepare=shard)
         self.learner.dp = DataParallel(rank, world)
 
-    def logprobs(self, batch: Batch, emit: Callable) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def logprobs(
+        self, batch: Batch, exact: bool, emit: Callable
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(FSDP's mixed precision gathers bf16 shards: `exact` cannot undo that, and
+        `algo.old_logprobs` never asks it of a sharded learner.)"""
         lr = self.learner
-        return lr.logprobs(batch), lr.reference_logprobs(batch)
+        return lr.logprobs(batch, exact=exact), lr.reference_logprobs(batch)
 
     def train(self, batch: Batch, old, ref, lr: float | None, emit: Callable) -> dict:
         return self.learner.train(batch, old, ref, lr=lr)

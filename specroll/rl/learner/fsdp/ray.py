@@ -119,8 +119,8 @@ class RayFSDPLearnerHost(ShardedCheckpoints):
             raise LearnerRankError(self.failed)
         return self._wait([a.run.remote(name, args) for a in self.actors], name)[0]
 
-    def logprobs(self, batch: Batch):
-        return self._call("logprobs", batch)[0]
+    def logprobs(self, batch: Batch, exact: bool = False):
+        return self._call("logprobs", batch, exact)[0]
 
     def train(self, batch: Batch, old, ref, lr: float | None = None) -> dict:
         return self._call("train", batch, old, ref, lr)[0]
