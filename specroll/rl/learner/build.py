@@ -61,6 +61,7 @@ def build_learner(
     FSDP rank shards them there: the optimizer must step the shards)."""
     if device is None:
         device = learner_device(cfg.learner)
+    cfg = with_learner_dtype(cfg, lambda m: None)  # (a Trainer resolved it already)
     reference = None
     # fresh adapters start at zero: the reference (the initial policy) is the base, the
     # policy itself with its adapters off (`lora.disabled`), not a copy of it
