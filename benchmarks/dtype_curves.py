@@ -49,6 +49,8 @@ KEYS = (
     "mismatch_kl",
     "logprob_source",
     "step_s",
+    "gen_tokens",
+    "response_len_mean",
 )
 
 

@@ -2,11 +2,11 @@
 
 Recomputed by the learner, or (`learner.recompute_logprobs: auto`, see `engine_usable`)
 the engine's own, which equal the learner's to float rounding in fp32: then the learner
-recomputes every `learner.check_every` steps (from step 0), as a check, and also on the
-first step a process runs (a resumed run checks its new engine; that check is recorded
-only if it fails, so the metrics equal the uninterrupted run's). A check that passes
-still trains on the engine's log-probs, so a run does not depend on when it checked; one
-that fails (mismatch above the stated bound, `mismatch`) switches the run to
+recomputes some rows (`CHECK_ROWS`) every `learner.check_every` steps (from step 0), as a
+check, and also on the first step a process runs (a resumed run checks its new engine;
+that check is recorded only if it fails, so the metrics equal the uninterrupted run's).
+A check that passes still trains on the engine's log-probs, so a run does not depend on
+when it checked; one that fails (mismatch above the stated bound, `mismatch`) switches the run to
 recomputation for good, with a warning, and that switch is part of the checkpoint. The
 mismatch statistics are those of every recorded recomputation (on-policy tokens).
 
@@ -62,6 +62,11 @@ def update_usable(cfg: TrainConfig) -> bool:
     )
 
 
+CHECK_ROWS = 16
+"""On-policy rows an agreement check recomputes (one micro-batch's worth): a check looks for
+weights or numerics that differ, and those differ on every row."""
+
+
 class OldLogprobs:
     """The source of the old log-probs, step by step."""
 
@@ -96,9 +101,15 @@ class OldLogprobs:
         }
         if use_engine and not scheduled and self._checked:
             return kept, None, none
-        old, ref = recompute(batch, own)
         self._checked = True
-        stats = mismatch_stats(batch.behaviour_logp, old, batch.response_mask & fresh[:, None])
+        if use_engine:  # a check: some on-policy rows are enough (wrong weights show on all)
+            rows = [i for i, f in enumerate(fresh.tolist()) if f][:CHECK_ROWS]
+            sub = batch.rows(rows) if rows else batch
+            old, ref = recompute(sub, own)
+            stats = mismatch_stats(sub.behaviour_logp, old, sub.response_mask & bool(rows))
+        else:
+            old, ref = recompute(batch, own)
+            stats = mismatch_stats(batch.behaviour_logp, old, batch.response_mask & fresh[:, None])
         worst = stats["logprob_mismatch_max"]
         exact = own or cfg.rollout.dtype == cfg.learner.dtype == "float32"
         bound = logprob_tolerance(cfg.rollout.temperature)
@@ -115,7 +126,6 @@ class OldLogprobs:
             return kept, None, none  # recorded as the uninterrupted run records it
         if agree:  # checked: train as on the steps between checks
             return kept, ref, {**stats, "logprob_source": source, "logprob_check": True}
-        self.fallback = True
-        if own:  # from now on the learner's own dtype's, as recomputation gives them
-            old, ref = recompute(batch, False)
+        self.fallback = True  # from now on recomputed, in the learner's own dtype
+        old, ref = recompute(batch, False)
         return old, ref, {**stats, "logprob_source": "learner", "logprob_check": False}
