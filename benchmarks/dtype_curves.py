@@ -86,7 +86,7 @@ def _last_val(rows: list[dict]) -> float | None:
     return next((m["val_accuracy"] for m in rows[::-1] if m.get("val_accuracy") is not None), None)
 
 
-def summarise(runs: dict[str, list], settings: list[str], steps: int) -> dict:
+def summarise(runs: dict[str, list], settings: list[str]) -> dict:
     """Per setting: median stage seconds, mismatch extremes, mean reward, val rewards."""
     out = {}
     for s in settings:
@@ -134,7 +134,7 @@ def main() -> None:
                     flush=True,
                 )
     config = {"preset": args.preset, "steps": args.steps, "seeds": seeds, "set": args.set}
-    summary = summarise(runs, settings, args.steps)
+    summary = summarise(runs, settings)
     print(json.dumps({"config": config, "summary": summary, "runs": runs}))
 
 

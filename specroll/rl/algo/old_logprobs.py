@@ -124,8 +124,9 @@ class OldLogprobs:
             return old, ref, {**stats, "logprob_source": "learner", "logprob_check": None}
         if agree and not scheduled:  # this process's first step, checked off schedule:
             return kept, None, none  # recorded as the uninterrupted run records it
-        if agree:  # checked: train as on the steps between checks
-            return kept, ref, {**stats, "logprob_source": source, "logprob_check": True}
+        if agree:  # checked: train as on the steps between checks (no reference: the
+            # engine's are usable only without KL, and `ref` covers the checked rows only)
+            return kept, None, {**stats, "logprob_source": source, "logprob_check": True}
         self.fallback = True  # from now on recomputed, in the learner's own dtype
         old, ref = recompute(batch, False)
         return old, ref, {**stats, "logprob_source": "learner", "logprob_check": False}
