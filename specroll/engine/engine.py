@@ -49,6 +49,7 @@ from specroll.engine.forms import FORMS
 from specroll.engine.graphs import Graphs
 from specroll.engine.heap import young_heap_only
 from specroll.engine.iteration import Stepper
+from specroll.engine.prompt_reuse import PromptReuse
 from specroll.engine.request import Request, Result, Results, check_prompts, request_seeds
 from specroll.engine.slots import Slots
 from specroll.model.kv_cache import KVCache
@@ -185,6 +186,7 @@ class Engine(Stepper):
             self.drafter.start(self.cache.num_slots, self.cache.max_len, st.host)
             self.depth.forms.restart()  # the time between calls is not an iteration
         self.stats = SpecStats()
+        self.reuse = PromptReuse.for_cache(self.cache)  # (the weights are fixed until we return)
         versions = (self.policy_version, None if self.drafter is None else self.drafter.version)
         on = self.config.cuda_graphs and self.device.type in graphs.CAPTURE_ON
         # the one place captured steps end: they hold the slots', the cache's and (off
@@ -224,6 +226,7 @@ class Engine(Stepper):
                 if on_progress is not None:
                     on_progress(stepped, len(done))
         self.stats.total_s = time.perf_counter() - t0
+        self.stats.prompts_reused = self.reuse.reused
         if self.captured is not None:
             self.stats.graphs = len(self.captured)
             self.stats.capture_s = self.captured.capture_s - capture_s

@@ -29,6 +29,7 @@ import torch
 from specroll.drafters.base import DraftBatch, Drafter, Proposal
 from specroll.engine import graphs, tree_step
 from specroll.engine.depth import DepthPolicy
+from specroll.engine.prompt_reuse import PromptReuse, prefill_rows
 from specroll.engine.slots import Slots
 from specroll.engine.step import Ran, StepInputs, StepKey, StepOutputs, StepRead
 from specroll.model.kv_cache import KVCache
@@ -54,9 +55,11 @@ class Stepper:
     stats: SpecStats
     _collapse: CollapseDetector
     captured: graphs.Graphs | None
+    reuse: PromptReuse
 
     def _prefill(self, st: Slots, start: int, prompts: list[list[int]]) -> None:
-        """Prefill new rows at slots start.. in groups of at most `PREFILL_TOKENS`."""
+        """Prefill new rows at slots start.. in groups of at most `PREFILL_TOKENS`; a
+        prompt this call has prefilled before is copied (`engine.prompt_reuse`)."""
         hidden_layers = self.drafter.hidden_layers if self.drafter else ()
         long = dict(dtype=torch.long, device=self.device)
         i = 0
@@ -71,17 +74,10 @@ class Stepper:
             group = prompts[i:j]
             # one host-to-device copy of the padded prompts
             tokens = torch.tensor([p + [0] * (width - len(p)) for p in group], **long)
-            lengths = torch.tensor([len(p) for p in group], **long)
             rows = torch.arange(start + i, start + j, **long)
             t = time.perf_counter()
-            out = self.model(
-                tokens,
-                positions=torch.zeros(len(group), **long),
-                cache=self.cache,
-                logits_index=(lengths - 1).unsqueeze(1),
-                hidden_layers=hidden_layers,
-                slot_start=start + i,
-                max_start=0,
+            logits, hidden = prefill_rows(
+                self.model, self.cache, self.reuse, group, start + i, hidden_layers
             )
             self.stats.target_s += time.perf_counter() - t
             span = range(start + i, start + j)
@@ -90,13 +86,13 @@ class Stepper:
             none = torch.zeros(len(group), **long)
             ctx = self.model.cfg.max_position_embeddings
             sampling = st.sampling(rows, span)
-            ver = self._verify_chain(st, rows, out.logits, none, None, sampling)
+            ver = self._verify_chain(st, rows, logits, none, None, sampling)
             read = self._accept(st, rows, span, ver, none, ctx)
             read = read.for_drafter([st.host.pos[b] for b in span])
             if self.drafter is not None:
                 t = time.perf_counter()
                 seqs = [p + read.entered(b) for b, p in enumerate(group)]
-                self.drafter.prefill(start + i, seqs, out.hidden)
+                self.drafter.prefill(start + i, seqs, hidden)
                 self.stats.draft_s += time.perf_counter() - t
             i = j
 

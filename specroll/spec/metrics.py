@@ -22,6 +22,7 @@ _ADDITIVE = (
     "target_forwards",
     "row_forwards",
     "emitted_tokens",
+    "prompts_reused",
     "draft_nodes",
     "draft_s",
     "target_s",
@@ -66,6 +67,9 @@ class SpecStats:
     """Wall time in the drafter (propose + commit)."""
     target_s: float = 0.0
     """Wall time in target forwards (prefill included)."""
+    prompts_reused: int = 0
+    """Rows whose prompt an earlier row of the call had prefilled: copied, not computed
+    (`engine.prompt_reuse`; GRPO's groups)."""
     total_s: float = 0.0
     """Wall time of the whole generate() call."""
     graphs: int = 0
@@ -194,6 +198,7 @@ class SpecStats:
             "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),
             "draft_s": round(self.draft_s, 4),
             "target_s": round(self.target_s, 4),
+            "prompts_reused": self.prompts_reused,
             "other_s": round(self.other_s, 4),
             "total_s": round(self.total_s, 4),
         }
