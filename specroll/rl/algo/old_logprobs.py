@@ -67,6 +67,15 @@ CHECK_ROWS = 16
 weights or numerics that differ, and those differ on every row."""
 
 
+def _check_rows(batch: Batch, fresh: torch.Tensor) -> list[int]:
+    """The `CHECK_ROWS` shortest on-policy rows, in batch order: what a check looks for
+    shows on every row, and the shortest cost least (the check recomputes them in fp32;
+    the first 16 rows of a default step took 6.2 s)."""
+    lengths = batch.lengths.tolist()
+    on = [i for i, f in enumerate(fresh.tolist()) if f]
+    return sorted(sorted(on, key=lambda i: (lengths[i], i))[:CHECK_ROWS])
+
+
 class OldLogprobs:
     """The source of the old log-probs, step by step."""
 
@@ -103,7 +112,7 @@ class OldLogprobs:
             return kept, None, none
         self._checked = True
         if use_engine:  # a check: some on-policy rows are enough (wrong weights show on all)
-            rows = [i for i, f in enumerate(fresh.tolist()) if f][:CHECK_ROWS]
+            rows = _check_rows(batch, fresh)
             sub = batch.rows(rows) if rows else batch
             old, ref = recompute(sub, own)
             stats = mismatch_stats(sub.behaviour_logp, old, sub.response_mask & bool(rows))
