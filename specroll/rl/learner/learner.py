@@ -39,6 +39,7 @@ from specroll.rl.config.rollout import RolloutConfig
 from specroll.rl.errors import NonFiniteError
 from specroll.rl.learner.memory import keep_freed_memory
 from specroll.rl.learner.scoring import Scorer
+from specroll.rl.learner.shared_prompts import PromptPass
 from specroll.rl.learner.update_stats import (
     STAT_TERMS,
     full,
@@ -221,13 +222,19 @@ class Learner(Scorer):
         ext = torch.full((2,), -math.inf, dtype=torch.float64, device=self.device)
         draft_acc: list[torch.Tensor] = []
         vocab = self.draft_vocab()
+        shared = self._prompt_pass(sub, micros)
         for m, real in micros:
             b = sub.rows(m.idx, m.width)
             rows = torch.tensor(m.idx, device=self.device)
             W = m.width
             mask = b.response_mask
             logp, target, hidden, ent = self.forward(
-                self.policy, b, vocab, m.where(b, self.device), entropy=True
+                self.policy,
+                b,
+                vocab,
+                m.where(b, self.device),
+                entropy=True,
+                shared=None if shared is None else (shared, m),
             )
             per_tok, terms = loss.token_objective(
                 logp,
@@ -252,8 +259,19 @@ class Learner(Scorer):
                 acc["draft_loss"] = acc["draft_loss"] + dl.detach().double() * len(m.idx) / n_seqs
                 draft_acc.append(dm["accept"] if real else torch.full_like(dm["accept"], math.nan))
             total.backward()
+        if shared is not None:  # the prompts' share of the gradient, once
+            shared.backward()
         acc["ratio_max"], acc["ratio_min"] = ext[0], ext[1]  # (max-reduced; see `_step`)
         return acc, draft_acc
+
+    def _prompt_pass(self, sub: Batch, micros: list[tuple[MicroBatch, bool]]) -> PromptPass | None:
+        """The update's distinct prompts run once (`shared_prompts`), in one process (under
+        data parallelism every rank runs its own rows from their first token)."""
+        if self.dp is not None or not micros:
+            return None
+        limit = max(len(m.idx) * m.width for m, _ in micros)
+        with self._autocast():
+            return PromptPass.of(self.policy, sub, self.hidden_layers, limit)
 
     def _step(self, acc: dict[str, torch.Tensor], draft_acc: list[torch.Tensor]) -> dict:
         """Clip and step both optimizers; the update's statistics, read in one go."""

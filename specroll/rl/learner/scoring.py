@@ -22,6 +22,7 @@ from specroll.model.transformer import Transformer
 from specroll.rl.algo.batch import Batch, MicroBatch, plan_micro_batches, predicting_positions
 from specroll.rl.algo.logprobs import head_logprobs
 from specroll.rl.config import PolicyConfig
+from specroll.rl.learner.shared_prompts import PromptPass
 
 if TYPE_CHECKING:
     from specroll.rl.learner.fsdp.shard import DataParallel
@@ -56,6 +57,7 @@ class Scorer:
         where: tuple[torch.Tensor, torch.Tensor] | None = None,
         entropy: bool = False,
         dtype: torch.dtype | None = None,
+        shared: tuple[PromptPass, MicroBatch] | None = None,
     ) -> tuple:
         """One micro-batch's decoder forward and the head at the response positions.
 
@@ -65,16 +67,21 @@ class Scorer:
         are the ones `drafting.ttt.loss_mask` selects, in its order, when `vocab` is
         given; the hidden states `self.hidden_layers`), and with `entropy` a fourth item:
         the processed distribution's entropy [B, W] at the response tokens (0 elsewhere,
-        detached). `dtype`: the compute dtype, when not the learner's."""
+        detached). `dtype`: the compute dtype, when not the learner's. `shared`: the
+        update's prompt pass and this micro-batch (`shared_prompts`): only the responses
+        are run here, on top of their prompts."""
         last = model.cfg.num_layers
         layers = self.hidden_layers if model is self.policy else (last,)
         dtype = dtype or self.dtype
         with self._autocast(dtype):
-            out = model(b.tokens, hidden_layers=layers, return_logits=False)
+            if shared is None:
+                hidden = model(b.tokens, hidden_layers=layers, return_logits=False).hidden
+            else:
+                hidden = shared[0].hidden_states(b, shared[1], layers)
         rows, cols = where if where is not None else predicting_positions(b, self.device)
         # the norm over every position, then the rows: an RMSNorm reduction's order
         # depends on the tensor's shape, and these are the plain path's numerics
-        final = model.final_state(out.hidden[last])[rows, cols]  # [n, H]
+        final = model.final_state(hidden[last])[rows, cols]  # [n, H]
         picked, target, *ent = head_logprobs(
             final,
             model.head_weight,
@@ -87,7 +94,7 @@ class Scorer:
             entropy=entropy,
         )
         logp = torch.zeros(b.tokens.shape, device=picked.device)
-        res = (logp.index_put((rows, cols + 1), picked), target, out.hidden)
+        res = (logp.index_put((rows, cols + 1), picked), target, hidden)
         if entropy:
             res += (torch.zeros_like(logp).index_put((rows, cols + 1), ent[0]),)
         return res
