@@ -43,6 +43,15 @@ def _modules(t):
     return t.host.learner.policy, t.host.learner.draft
 
 
+@pytest.fixture(autouse=True)
+def _plain_forwards(monkeypatch):
+    """Ranks run every row from its first token; so does the single process they are
+    compared with (its shared prompts round differently: tests/test_shared_prompts.py)."""
+    from specroll.rl.learner import shared_prompts
+
+    monkeypatch.setattr(shared_prompts, "ENABLED", False)
+
+
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)

@@ -35,20 +35,21 @@ def grouped_batch(vocab: int = 97, groups: int = 3, size: int = 4, seed: int = 0
     return b
 
 
-def _trained(enabled: bool, monkeypatch, b: Batch, draft: bool):
+def _trained(enabled: bool, monkeypatch, b: Batch, draft: bool, adapters: bool = False):
     from specroll.drafting.train import new_eagle3
+    from tests.test_lora import _adapted
 
     monkeypatch.setattr(shared_prompts, "ENABLED", enabled)
     ran = []
     monkeypatch.setattr(
         shared_prompts.PromptPass, "backward", _counting(shared_prompts.PromptPass.backward, ran)
     )
-    policy = tiny_policy()
+    policy = _adapted(tiny_policy()) if adapters else tiny_policy()
     d = new_eagle3(policy, torch.arange(0, 97, 2), (1, 2, 3), 0) if draft else None
     lr = learner(policy, "rollout.temperature=0.8", draft=d)
     old = lr.logprobs(b) - 0.3 * b.response_mask  # (plain: the stage does not share)
     stats = lr.train(b, old)
-    grads = [p.grad.clone() for p in policy.parameters()]
+    grads = [p.grad.clone() for p in policy.parameters() if p.requires_grad]
     dgrads = [p.grad.clone() for p in d.parameters()] if draft else []
     return stats, grads, dgrads, len(ran)
 
@@ -61,11 +62,11 @@ def _counting(fn, calls: list):
     return wrapped
 
 
-@pytest.mark.parametrize("draft", [False, True])
-def test_an_update_over_shared_prompts_equals_the_plain_forwards(monkeypatch, draft):
+@pytest.mark.parametrize("draft,adapters", [(False, False), (True, False), (False, True)])
+def test_an_update_over_shared_prompts_equals_the_plain_forwards(monkeypatch, draft, adapters):
     b = grouped_batch()
-    s0, g0, d0, ran0 = _trained(False, monkeypatch, b, draft)
-    s1, g1, d1, ran1 = _trained(True, monkeypatch, b, draft)
+    s0, g0, d0, ran0 = _trained(False, monkeypatch, b, draft, adapters)
+    s1, g1, d1, ran1 = _trained(True, monkeypatch, b, draft, adapters)
     assert (ran0, ran1) == (0, 1)  # the plain run shares nothing; the other shares once
     assert s0.keys() == s1.keys()
     for k in s0:

@@ -105,7 +105,7 @@ class PromptPass:
         pairs = [
             (o, leaf.grad)
             for o, leaf in zip(self._outs, self._leaves, strict=True)
-            if leaf.grad is not None
+            if leaf.grad is not None and o.requires_grad
         ]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
