@@ -28,6 +28,8 @@ from specroll.model.kv_cache import KVCache
 
 REUSE_SHARE = 8
 """The kept copies take at most 1 / REUSE_SHARE of the KV cache's bytes."""
+ENABLED = True
+"""Reuse prompts (benchmarks/prompt_reuse.py times the plain prefill against it)."""
 
 
 @dataclass
@@ -93,6 +95,9 @@ def prefill_rows(
     states, W = the longest prompt, zero past a row's own length). With every prompt
     new and distinct this is the plain prefill forward's own output."""
     keys = [tuple(p) for p in prompts]
+    if not ENABLED:
+        out = _forward(model, cache, keys, slot_start, hidden_layers)
+        return out.logits, out.hidden
     found = {key: reuse.get(key) for key in keys}
     new = [key for key in dict.fromkeys(keys) if found[key] is None]  # first-seen order
     out = _forward(model, cache, new, slot_start, hidden_layers) if new else None
