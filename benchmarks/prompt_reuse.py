@@ -6,7 +6,8 @@ default task (levels 1 and 2, chat template) x `--group` requests with distinct 
 `max_batch` 32, T = 1, up to 128 new tokens, EOS on, plain decoding (what most of a CPU
 rollout is). Rounds alternate the order of the two settings; the prefill's seconds are
 timed by wrapping the engine's prefill. Reports whether both settings emitted the same
-tokens (float rounding can part a few responses at far-tail draws). Prints one line per round and a final JSON line with the medians.
+tokens (float rounding can part a few responses at far-tail draws). Prints one line per
+round and a final JSON line with the medians.
 
     PYTHONPATH=. python benchmarks/prompt_reuse.py [--rounds 3]
 """
