@@ -77,7 +77,7 @@ class Stepper:
             rows = torch.arange(start + i, start + j, **long)
             t = time.perf_counter()
             logits, hidden = prefill_rows(
-                self.model, self.cache, self.reuse, group, start + i, hidden_layers
+                self.model, self.cache, self.reuse, group, tokens, start + i, hidden_layers
             )
             self.stats.target_s += time.perf_counter() - t
             span = range(start + i, start + j)

@@ -85,22 +85,30 @@ def prefill_rows(
     cache: KVCache,
     reuse: PromptReuse,
     prompts: Sequence[list[int]],
+    tokens: torch.Tensor,
     slot_start: int,
     hidden_layers: Sequence[int],
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Fill cache slots slot_start.. with `prompts` (one row each, new rows), computing
-    only the prompts `reuse` does not hold and the first of each repeat.
+    """Fill cache slots slot_start.. with `prompts` (one row each, new rows; `tokens`
+    [G, W] the same, padded, on the cache's device), computing only the prompts `reuse`
+    does not hold and the first of each repeat.
 
     Returns (logits [G, 1, V] at each row's last prompt position, {i: [G, W, H]} hidden
     states, W = the longest prompt, zero past a row's own length). With every prompt
     new and distinct this is the plain prefill forward's own output."""
     keys = [tuple(p) for p in prompts]
     if not ENABLED:
-        out = _forward(model, cache, keys, slot_start, hidden_layers)
+        out = _forward(model, cache, tokens, keys, slot_start, hidden_layers)
         return out.logits, out.hidden
     found = {key: reuse.get(key) for key in keys}
-    new = [key for key in dict.fromkeys(keys) if found[key] is None]  # first-seen order
-    out = _forward(model, cache, new, slot_start, hidden_layers) if new else None
+    first = {}  # each prompt not held: its first row
+    for r, key in enumerate(keys):
+        if found[key] is None:
+            first.setdefault(key, r)
+    new = list(first)  # first-seen order
+    if len(new) < len(keys) and new:  # (all new and distinct: the rows as they are)
+        tokens = tokens[torch.tensor(list(first.values()), device=tokens.device)]
+    out = _forward(model, cache, tokens, new, slot_start, hidden_layers) if new else None
     for u, key in enumerate(new):
         found[key] = _kept(cache, out, slot_start, u, key)
         reuse.put(key, found[key])
@@ -123,11 +131,9 @@ def prefill_rows(
     return logits, hidden
 
 
-def _forward(model, cache: KVCache, prompts: list[tuple[int, ...]], slot_start: int, layers):
-    """The prefill forward of distinct prompts into slots slot_start.."""
+def _forward(model, cache: KVCache, tokens: torch.Tensor, prompts, slot_start: int, layers):
+    """The prefill forward of `prompts` (`tokens` [U, W], padded) into slots slot_start.."""
     dev = cache.k.device
-    width = max(len(p) for p in prompts)
-    tokens = torch.tensor([list(p) + [0] * (width - len(p)) for p in prompts], device=dev)
     lengths = torch.tensor([len(p) for p in prompts], device=dev)
     return model(
         tokens,
