@@ -1,6 +1,8 @@
-"""The shadow probe: at every `pipeline.shadow_every`-th step, the step's requests decoded
-again on the same weights — without speculation, and with each of
-`pipeline.shadow_drafters` — timed, scored and discarded (never trained on).
+"""The shadow probe: at every `pipeline.shadow_every`-th step (at 5: steps 5, 10, ..., as
+checkpoints and validations count them; not the first step, which a new user waits for
+and on which the online draft has not trained yet), the step's requests decoded again on
+the same weights — without speculation, and with each of `pipeline.shadow_drafters` —
+timed, scored and discarded (never trained on).
 
 It measures what speculation buys on this run (`gen_speedup`, `gen_rate_speedup`) and
 what other drafters would buy (`shadow/<drafter>/...`), on the run's own prompts and
@@ -48,10 +50,10 @@ class ShadowProbe:
         """Around step `step`'s generation of `requests`: the shadow runs of a probed step,
         before or after it (timed apart from it)."""
         self._plain, self._others = None, {}
-        if self.plain is None or step % self.every:
+        if self.plain is None or (step + 1) % self.every:
             yield
             return
-        first = (step // self.every) % 2 == 1
+        first = ((step + 1) // self.every) % 2 == 0
         if first:
             self._plain = _timed(self.plain.generate_plain, requests)
         before = self.drafters.drafter_snapshot() if self.names else None
