@@ -94,6 +94,28 @@ def test_shared_prompts_give_the_plain_forwards_logprobs(monkeypatch):
         torch.testing.assert_close(shared, plain, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("exact", [False, True])
+def test_stage_logprob_shares_prompts_and_gives_the_plain_logprobs(monkeypatch, exact):
+    """Stage `logprob` (and the agreement check, `exact`: fp32 under a bf16 learner) runs
+    the repeated prompts once and returns the plain forwards' log-probs, row by row."""
+    b = grouped_batch(seed=2)
+    lr = learner(tiny_policy(), "learner.dtype=bfloat16" if exact else "learner.dtype=float32")
+    built = []
+    of = shared_prompts.PromptPass.of.__func__
+
+    def recorded(cls, *args):
+        built.append(of(cls, *args))
+        return built[-1]
+
+    monkeypatch.setattr(shared_prompts.PromptPass, "of", classmethod(recorded))
+    shared = lr.logprobs(b, exact=exact)
+    monkeypatch.setattr(shared_prompts, "ENABLED", False)
+    plain = lr.logprobs(b, exact=exact)
+    assert built[0] is not None and built[1] is None  # shared, then plain
+    torch.testing.assert_close(shared, plain, rtol=0, atol=2e-6)
+    assert bool((plain != 0).any())
+
+
 def test_distinct_prompts_or_too_many_run_the_plain_forward():
     policy = tiny_policy()
     b = grouped_batch(size=1)  # every prompt once: nothing to share

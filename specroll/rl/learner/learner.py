@@ -39,7 +39,6 @@ from specroll.rl.config.rollout import RolloutConfig
 from specroll.rl.errors import NonFiniteError
 from specroll.rl.learner.memory import keep_freed_memory
 from specroll.rl.learner.scoring import Scorer
-from specroll.rl.learner.shared_prompts import PromptPass
 from specroll.rl.learner.update_stats import (
     STAT_TERMS,
     full,
@@ -222,7 +221,7 @@ class Learner(Scorer):
         ext = torch.full((2,), -math.inf, dtype=torch.float64, device=self.device)
         draft_acc: list[torch.Tensor] = []
         vocab = self.draft_vocab()
-        shared = self._prompt_pass(sub, micros)
+        shared = self._prompt_pass(self.policy, sub, micros)
         for m, real in micros:
             b = sub.rows(m.idx, m.width)
             rows = torch.tensor(m.idx, device=self.device)
@@ -263,15 +262,6 @@ class Learner(Scorer):
             shared.backward()
         acc["ratio_max"], acc["ratio_min"] = ext[0], ext[1]  # (max-reduced; see `_step`)
         return acc, draft_acc
-
-    def _prompt_pass(self, sub: Batch, micros: list[tuple[MicroBatch, bool]]) -> PromptPass | None:
-        """The update's distinct prompts run once (`shared_prompts`), in one process (under
-        data parallelism every rank runs its own rows from their first token)."""
-        if self.dp is not None or not micros:
-            return None
-        limit = max(len(m.idx) * m.width for m, _ in micros)
-        with self._autocast():
-            return PromptPass.of(self.policy, sub, self.hidden_layers, limit)
 
     def _step(self, acc: dict[str, torch.Tensor], draft_acc: list[torch.Tensor]) -> dict:
         """Clip and step both optimizers; the update's statistics, read in one go."""

@@ -110,17 +110,37 @@ class Scorer:
         dtype (over the fp32 master weights: what an fp32 engine samples from)."""
         dtype = torch.float32 if exact else None
         model = model or self.policy
-        plan = self._micro(batch)
+        plan = self._mine(self._micro(batch))
         batch = batch.to(self.device)
         out = torch.zeros(batch.tokens.shape, device=self.device)
-        for m, real in self._mine(plan):
+        shared = self._prompt_pass(model, batch, plan, dtype)
+        for m, real in plan:
             b = batch.rows(m.idx, m.width)
-            logp, _, _ = self.forward(model, b, where=m.where(b, self.device), dtype=dtype)
+            where = m.where(b, self.device)
+            on = None if shared is None else (shared, m)
+            logp, _, _ = self.forward(model, b, where=where, dtype=dtype, shared=on)
             if real:
                 out[torch.tensor(m.idx, device=self.device), : m.width] = logp
         if self.dp is not None:  # each row was computed on one rank, zeros elsewhere
             self.dp.sum_(out)
         return out.cpu()
+
+    def _prompt_pass(
+        self,
+        model: Transformer,
+        batch: Batch,
+        plan: list[tuple[MicroBatch, bool]],
+        dtype: torch.dtype | None = None,
+    ) -> PromptPass | None:
+        """`batch`'s distinct prompts run once under `model` (`shared_prompts`; with
+        autograd when it is on), at most a micro-batch's padded tokens; in one process
+        only (under data parallelism every rank runs its rows from their first token)."""
+        if self.dp is not None or not plan:
+            return None
+        layers = self.hidden_layers if model is self.policy else (model.cfg.num_layers,)
+        limit = max(len(m.idx) * m.width for m, _ in plan)
+        with self._autocast(dtype):
+            return PromptPass.of(model, batch, layers, limit)
 
     def _mine(self, plan: list[MicroBatch]) -> list[tuple[MicroBatch, bool]]:
         """(micro-batch, real) pairs this rank runs: all of them, real, in one process;
