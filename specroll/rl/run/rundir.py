@@ -333,6 +333,8 @@ class RunDir:
         self.stop_requested = False
         self.signum = signal.SIGINT
         """The signal that asked to stop."""
+        self.settle: Callable[[], None] = lambda: None
+        """Waits for a background checkpoint write (which exit would wait for anyway)."""
         self.lock = outputs.DirLock(self.out)
         self._previous: dict = {}
 
@@ -377,6 +379,7 @@ class RunDir:
     def _on_signal(self, signum, frame) -> None:
         name = SIGNALS[signum]
         if self.stop_requested:
+            self.settle()
             newest = checkpoint.latest(self.out / "checkpoints")
             raise Stopped(
                 signum,

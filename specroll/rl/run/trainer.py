@@ -284,6 +284,7 @@ class Trainer(Checkpointing):
         for line in plan.skipped:
             self.log(f"warning: {line}")
         self.run_dir = run_dir = rundir.RunDir(self.out, cfg.to_dict(), plan, self.log)
+        run_dir.settle = self._settle
         if plan.action in ("resume", "finalize"):
             self.restore(checkpoint.load(plan.checkpoint))
             self.log(f"resumed from {plan.checkpoint} (step {self.step})")
