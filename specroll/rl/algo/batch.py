@@ -112,13 +112,33 @@ class MicroBatch:
         return predicting_positions(b, device, self.prompt_lens, self.lengths)
 
 
+MICRO_BATCH_COST = 64
+"""What one more micro-batch costs, in padded tokens (its per-layer dispatches and the bf16
+casts of the weights: ~0.15 s against ~2.7 ms a token forward and backward on a 2-core
+Zen 4): `plan_micro_batches` cuts a micro-batch short where that saves more padding."""
+
+
 def plan_micro_batches(batch: Batch, size: int) -> list[MicroBatch]:
-    """Micro-batches of `size` rows in ascending length (little padding), planned from the
-    lengths on the host (one read for the whole batch)."""
+    """Micro-batches of at most `size` rows in ascending length, cut where the padding they
+    save outweighs a micro-batch's cost (`MICRO_BATCH_COST`): the fewest padded tokens
+    plus that cost per micro-batch, exactly (a 16-row step with responses of 1-140 tokens
+    trains 1.2x faster in 4 micro-batches than in one). Planned from the lengths on the
+    host (one read for the whole batch)."""
     lengths, prompts = batch.lengths.tolist(), batch.prompt_lens.tolist()
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    chunks = [order[i : i + size] for i in range(0, len(order), size)]
+    n = len(order)
+    # best[j]: the cheapest plan of the j shortest rows; cut[j]: where its last one starts
+    best, cut = [0] + [0] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        widest = lengths[order[j - 1]]
+        best[j], cut[j] = min(
+            (best[i] + (j - i) * widest + MICRO_BATCH_COST, i) for i in range(max(0, j - size), j)
+        )
+    chunks, j = [], n
+    while j > 0:
+        chunks.append(order[cut[j] : j])
+        j = cut[j]
     return [
         MicroBatch(c, max(lengths[i] for i in c), [prompts[i] for i in c], [lengths[i] for i in c])
-        for c in chunks
+        for c in reversed(chunks)
     ]
