@@ -25,7 +25,13 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one thread per pytest-xdist worker (`-n 2` on 2 cores): OpenMP threads of two workers
+    # spinning on the same cores slow both; processes the tests start inherit the setting
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
 
 TINY = dict(
     vocab_size=97,
