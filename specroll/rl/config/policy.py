@@ -23,7 +23,8 @@ class PolicyConfig:
     grad_clip: float = 1.0
     """Gradient-norm clip of the policy update."""
     micro_batch: int = 16
-    """Sequences per learner forward (gradients accumulate over micro-batches)."""
+    """Most sequences per learner forward (gradients accumulate over micro-batches; fewer
+    where that saves more padding than a forward costs: `rl.algo.batch.plan_micro_batches`)."""
     warmup_steps: int = 0
     """Linear learning-rate warmup over the first this-many RL steps (0 = none)."""
     lr_schedule: str = "constant"
