@@ -8,11 +8,7 @@ from specroll.drafting.trainable import TrainableDraft
 from specroll.model.transformer import Transformer
 from specroll.rl.config import TrainConfig
 from specroll.rl.errors import LearnerRankError
-from specroll.rl.learner.fsdp.host import FSDPLearnerHost
-from specroll.rl.learner.fsdp.ray import RayFSDPLearnerHost
 from specroll.rl.learner.host import LearnerHost
-from specroll.rl.learner.ray import RayLearnerHost
-from specroll.rl.learner.single import LocalLearnerHost
 
 __all__ = ["LearnerHost", "LearnerRankError", "build_host"]
 
@@ -21,10 +17,17 @@ def build_host(cfg: TrainConfig, policy: Transformer, draft: TrainableDraft | No
     """The learner of the run where `learner.strategy` and `learner.placement` put it:
     one process or `learner.ranks` FSDP ranks, in the driver's machine (local processes)
     or on Ray (actors, in one placement group for FSDP ranks). The learner starts from
-    `policy` and `draft` (the single local host trains those very objects)."""
+    `policy` and `draft` (the single local host trains those very objects). Each host is
+    imported when chosen: the FSDP ones import torch.distributed.checkpoint, a second of
+    a one-process run's start."""
     on_ray = cfg.learner_placement() == "ray"
     if cfg.learner.strategy == "fsdp":
-        return (RayFSDPLearnerHost if on_ray else FSDPLearnerHost)(cfg, policy, draft)
-    if on_ray:
-        return RayLearnerHost(cfg, policy, draft)
-    return LocalLearnerHost(cfg, policy, draft)
+        if on_ray:
+            from specroll.rl.learner.fsdp.ray import RayFSDPLearnerHost as Host
+        else:
+            from specroll.rl.learner.fsdp.host import FSDPLearnerHost as Host
+    elif on_ray:
+        from specroll.rl.learner.ray import RayLearnerHost as Host
+    else:
+        from specroll.rl.learner.single import LocalLearnerHost as Host
+    return Host(cfg, policy, draft)
