@@ -297,12 +297,13 @@ def _write_tokenizer(gguf_path: Path, out: Path, reader: GGUFReader | None = Non
     first run's conversion), so it is handed that one (the same fields, read-only)."""
     from transformers import AutoTokenizer
 
+    gguf_path = gguf_path.resolve()
+
     def same_file(path, *args, **kwargs) -> GGUFReader:
         if reader is not None and not (args or kwargs) and Path(path).resolve() == gguf_path:
             return reader
         return GGUFReader(path, *args, **kwargs)
 
-    gguf_path = gguf_path.resolve()
     with mock.patch.object(gguf, "GGUFReader", same_file):  # (imported inside the call)
         tok = AutoTokenizer.from_pretrained(
             str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False

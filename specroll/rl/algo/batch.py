@@ -128,7 +128,7 @@ def plan_micro_batches(batch: Batch, size: int) -> list[MicroBatch]:
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     n = len(order)
     # best[j]: the cheapest plan of the j shortest rows; cut[j]: where its last one starts
-    best, cut = [0] + [0] * n, [0] * (n + 1)
+    best, cut = [0] * (n + 1), [0] * (n + 1)
     for j in range(1, n + 1):
         widest = lengths[order[j - 1]]
         best[j], cut[j] = min(
